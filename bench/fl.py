@@ -1,0 +1,249 @@
+"""Federated-learning simulator: client splits, local training, standard FedAvg / FedSGD steps,
+and the server's transcript of every message (DESIGN.md s.2, s.4).
+
+FedAvg: McMahan et al. 2017 (weights after local epochs, averaged by sample count).
+FedSGD: one gradient per client per round, the server steps ``w <- w - lr * mean(g)``.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+import resource
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from .progress import progress
+from .types import ClientState, Defense, FLConfig, Message, RoundCtx
+
+# ----------------------------------------------------------------------------------------------
+# data splits
+
+
+def split_clients(labels: Sequence[int], num_clients: int, alpha: float | None, seed: int) -> list[list[int]]:
+    """IID (alpha None) or Dirichlet(alpha) label-skewed split of sample indices over clients.
+
+    Dirichlet split as in Hsu et al. 2019: for each class, proportions ~ Dir(alpha) over clients.
+    Every client is guaranteed at least one sample.
+    """
+    rng = np.random.default_rng(seed)
+    labels = np.asarray(labels)
+    n = len(labels)
+    if num_clients > n:
+        raise ValueError(f"cannot split {n} samples over {num_clients} clients")
+    if alpha is None:
+        perm = rng.permutation(n)
+        return [sorted(p.tolist()) for p in np.array_split(perm, num_clients)]
+    for _ in range(100):
+        parts: list[list[int]] = [[] for _ in range(num_clients)]
+        for c in np.unique(labels):
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            props = rng.dirichlet([alpha] * num_clients)
+            cuts = (np.cumsum(props) * len(idx)).astype(int)[:-1]
+            for k, chunk in enumerate(np.split(idx, cuts)):
+                parts[k].extend(chunk.tolist())
+        if min(len(p) for p in parts) > 0:
+            return [sorted(p) for p in parts]
+    raise ValueError(f"Dirichlet({alpha}) split left a client empty 100 times; use more data or a larger alpha")
+
+
+# ----------------------------------------------------------------------------------------------
+# client-side building blocks (defenses call these)
+
+
+def make_optimizer(params: list[nn.Parameter], fl: FLConfig) -> torch.optim.Optimizer:
+    if fl.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=fl.lr, weight_decay=fl.weight_decay)
+    if fl.optimizer == "adam":
+        return torch.optim.Adam(params, lr=fl.lr, weight_decay=fl.weight_decay)
+    if fl.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=fl.lr, weight_decay=fl.weight_decay)
+    raise ValueError(f"unknown optimizer {fl.optimizer!r}; valid: sgd, adam, adamw")
+
+
+def loader(data: Dataset, ctx: RoundCtx, *, shuffle: bool = True) -> DataLoader:
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=ctx.generator)))
+    return DataLoader(data, batch_size=ctx.fl.batch_size, shuffle=shuffle, generator=g,
+                      collate_fn=ctx.task.collate, drop_last=False)
+
+
+def trainable(model: nn.Module, names: Sequence[str]) -> list[nn.Parameter]:
+    params = dict(model.named_parameters())
+    return [params[n] for n in names]
+
+
+def local_train(state: ClientState, ctx: RoundCtx, *, names: Sequence[str] | None = None,
+                loss_fn: Callable[[nn.Module, Any], Tensor] | None = None,
+                on_step: Callable[[int], None] | None = None) -> int:
+    """Run the client's local epochs (capped by ``fl.max_local_steps``); returns the step count.
+
+    ``loss_fn`` replaces the task loss (e.g. SMP-LoRA's ratio objective); ``on_step`` runs after each
+    optimiser step (e.g. per-step clipping). Trains the parameters in ``names`` (default: shared).
+    """
+    names = list(names or ctx.shared_names)
+    model = state.model
+    model.train()
+    opt = make_optimizer(trainable(model, names), ctx.fl)
+    loss_fn = loss_fn or ctx.task.loss
+    steps = 0
+    cap = ctx.fl.max_local_steps
+    for _ in range(ctx.fl.local_epochs):
+        for batch in loader(state.data, ctx):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model, batch)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"client {state.client}: non-finite training loss {loss.item()}")
+            loss.backward()
+            opt.step()
+            steps += 1
+            if on_step:
+                on_step(steps)
+            if cap is not None and steps >= cap:
+                return steps
+    return steps
+
+
+def batch_gradient(state: ClientState, ctx: RoundCtx, *, names: Sequence[str] | None = None) -> dict[str, Tensor]:
+    """FedSGD: the gradient of the task loss on this round's batch of the client's data."""
+    names = list(names or ctx.shared_names)
+    data = state.data
+    n = len(data)
+    bs = min(ctx.fl.batch_size, n)
+    nb = max(1, math.ceil(n / bs))
+    epoch, b = divmod(ctx.round, nb)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(1000 * state.client + epoch))
+    batch = ctx.task.collate([data[int(i)] for i in perm[b * bs:(b + 1) * bs]])
+    model = state.model
+    model.train()
+    params = trainable(model, names)
+    loss = ctx.task.loss(model, batch)
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return {n: (g if g is not None else torch.zeros_like(p)).detach().clone() for n, g, p in zip(names, grads, params)}
+
+
+def current(model: nn.Module, names: Sequence[str]) -> dict[str, Tensor]:
+    params = dict(model.named_parameters())
+    return {n: params[n].detach().clone() for n in names}
+
+
+def standard_message(state: ClientState, ctx: RoundCtx, *, names: Sequence[str] | None = None) -> Message:
+    """The undefended client: a gradient (FedSGD) or the weights after local training (FedAvg)."""
+    names = list(names or ctx.shared_names)
+    if ctx.fl.mode == "fedsgd":
+        g = batch_gradient(state, ctx, names=names)
+        return Message(state.client, ctx.round, g, min(ctx.fl.batch_size, len(state.data)), kind="gradient")
+    local_train(state, ctx, names=names)
+    return Message(state.client, ctx.round, current(state.model, names), len(state.data), kind="weights")
+
+
+def weighted_mean(msgs: Sequence[Message], name: str) -> Tensor:
+    total = sum(m.num_samples for m in msgs if name in m.tensors)
+    return sum(m.tensors[name] * (m.num_samples / total) for m in msgs if name in m.tensors)
+
+
+def fedavg_aggregate(global_state: dict[str, Tensor], msgs: Sequence[Message], ctx: RoundCtx) -> dict[str, Tensor]:
+    """FedAvg (sample-weighted mean of weights) or FedSGD (global step on the mean gradient)."""
+    new = dict(global_state)
+    for name in global_state:
+        if not any(name in m.tensors for m in msgs):
+            continue
+        avg = weighted_mean(msgs, name)
+        if msgs[0].kind == "gradient":
+            new[name] = global_state[name] - ctx.fl.lr * avg
+        else:
+            new[name] = avg.to(global_state[name].dtype)
+    return new
+
+
+# ----------------------------------------------------------------------------------------------
+# the server loop
+
+
+@dataclass
+class TrainResult:
+    global_state: dict[str, Tensor]  # shared/trainable parameters after the last round
+    client_latest: dict[int, dict[str, Tensor]]  # per client: the latest weights it sent, per name
+    transcript: list[dict]  # metadata of every message: client, round, kind, bytes, numel, meta
+    bytes_down: list[int]  # per round: bytes the server sent to the selected clients
+    utility: dict[str, float] = field(default_factory=dict)
+    logs: dict[str, list] = field(default_factory=dict)
+    wall_s: float = 0.0
+    peak_mem_mb: float = 0.0
+
+
+def load_state(model: nn.Module, state: dict[str, Tensor]) -> None:
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for n, t in state.items():
+            params[n].copy_(t)
+
+
+def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = True, desc: str = "") -> tuple[nn.Module, TrainResult]:
+    """Train ``task`` under ``defense``; returns the global model and the server's record.
+
+    Central defenses (``setting == "central"``) run as one client holding ``task.central_data``
+    for one round of ``task.central_epochs`` epochs: the released model is the result.
+    """
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    fl = task.fl
+    datasets = list(task.client_data)
+    if defense.setting == "central":
+        fl = replace(fl, num_clients=1, clients_per_round=1, rounds=1, local_epochs=task.central_epochs, mode="fedavg")
+        datasets = [task.central_data]
+    model = defense.setup(task.api.build_model(), task.api)
+    names = tuple(task.shared_names(model))
+    global_state = current(model, names)
+    work = copy.deepcopy(model)
+    privates: dict[int, dict] = {k: {} for k in range(len(datasets))}
+    latest: dict[int, dict[str, Tensor]] = {}
+    transcript: list[dict] = []
+    bytes_down: list[int] = []
+    logs: dict[str, list] = {}
+    t0 = time.time()
+    for r in progress(range(fl.rounds), desc=desc or f"train {task.id} {defense.name}", leave=False):
+        sel = sorted(torch.randperm(len(datasets), generator=gen)[: fl.clients_per_round].tolist())
+        ctx = RoundCtx(round=r, rounds=fl.rounds, fl=fl, task=task.api, generator=gen, num_selected=len(sel),
+                       global_state=global_state, shared_names=names, log=logs, extras=task.extras)
+        msgs = []
+        for k in sel:
+            load_state(work, global_state)
+            msg = defense.client_step(ClientState(k, work, datasets[k], privates[k]), ctx)
+            _check_message(msg, global_state)
+            msgs.append(msg)
+            transcript.append({"client": k, "round": r, "kind": msg.kind, "bytes": msg.nbytes(),
+                               "numel": msg.numel(), "names": len(msg.tensors), "meta": dict(msg.meta)})
+            if keep_clients and msg.kind == "weights":
+                latest.setdefault(k, {}).update({n: t.detach().clone() for n, t in msg.tensors.items()})
+        bytes_down.append(len(sel) * sum(t.numel() * t.element_size() for t in global_state.values()))
+        global_state = defense.aggregate(global_state, msgs, ctx)
+        for n, t in global_state.items():
+            if not torch.isfinite(t).all():
+                raise FloatingPointError(f"round {r}: non-finite global parameter {n}")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # process peak RSS
+    load_state(model, global_state)
+    res = TrainResult(global_state, latest, transcript, bytes_down, logs=logs, wall_s=time.time() - t0,
+                      peak_mem_mb=peak / 2**20)
+    return model, res
+
+
+def _check_message(msg: Message, global_state: dict[str, Tensor]) -> None:
+    for n, t in msg.tensors.items():
+        if n not in global_state:
+            raise ValueError(f"message from client {msg.client} has unknown parameter {n!r}")
+        if t.shape != global_state[n].shape:
+            raise ValueError(f"message from client {msg.client}: {n} has shape {tuple(t.shape)}, "
+                             f"expected {tuple(global_state[n].shape)}")
+        if not torch.isfinite(t).all():
+            raise FloatingPointError(f"message from client {msg.client}: non-finite values in {n}")
+
+
+def client_model_state(global_state: dict[str, Tensor], latest: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The honest-but-curious server's reconstruction of a client (papers/000 s.4.2): for each
+    parameter the latest value that client sent, else the global value."""
+    return {n: latest.get(n, t) for n, t in global_state.items()}

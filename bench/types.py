@@ -1,0 +1,209 @@
+"""Core data types shared by the harness, the defenses and the attacks.
+
+The harness owns ground truth; a defense sees a client's data and the global state; an attack sees
+only an :class:`Observation` built by the harness for the threat view it declares (DESIGN.md s.2).
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+View = Literal["global_model", "client_model", "client_update", "released_model"]
+VIEWS: tuple[str, ...] = ("global_model", "client_model", "client_update", "released_model")
+AttackKind = Literal["membership", "reconstruction"]
+
+
+class NotApplicable(Exception):
+    """Raised (or returned as a reason) when a cell does not apply; recorded as ``n/a``."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """What one client sent in one round, as the server's transcript keeps it.
+
+    ``kind`` is ``"gradient"`` (FedSGD) or ``"weights"`` (FedAvg: parameters after local training).
+    ``meta`` carries public side information the protocol itself sends (e.g. which LoRA half).
+    """
+
+    client: int
+    round: int
+    tensors: dict[str, Tensor]
+    num_samples: int
+    kind: str = "weights"
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def nbytes(self) -> int:
+        return int(sum(t.numel() * t.element_size() for t in self.tensors.values()))
+
+    def numel(self) -> int:
+        return int(sum(t.numel() for t in self.tensors.values()))
+
+
+@dataclass(frozen=True)
+class FLConfig:
+    """Federated settings pinned by a scenario preset."""
+
+    num_clients: int = 4
+    clients_per_round: int = 4
+    rounds: int = 2
+    local_epochs: int = 1
+    batch_size: int = 8
+    lr: float = 1e-3
+    optimizer: str = "sgd"  # "sgd" | "adam" | "adamw"
+    weight_decay: float = 0.0
+    mode: str = "fedavg"  # "fedavg" (weights after local epochs) | "fedsgd" (one gradient per round)
+    dirichlet_alpha: float | None = None  # None = IID
+    max_local_steps: int | None = None  # cap on local steps per round (CPU budget)
+
+
+@dataclass
+class RoundCtx:
+    """Everything a defense may know about the current round besides its own client's data."""
+
+    round: int
+    rounds: int
+    fl: FLConfig
+    task: "TaskAPI"
+    generator: torch.Generator
+    num_selected: int
+    global_state: dict[str, Tensor] = field(default_factory=dict)
+    shared_names: tuple[str, ...] = ()
+    log: dict[str, list] = field(default_factory=dict)  # per-step diagnostics a defense wants logged
+    extras: Mapping[str, Any] = field(default_factory=dict)  # defender-side data a scenario provides
+
+    def log_value(self, key: str, value: float) -> None:
+        self.log.setdefault(key, []).append(float(value))
+
+
+@dataclass
+class ClientState:
+    """One client at the start of its local round.
+
+    ``model`` already holds the global state; ``private`` persists across this client's rounds
+    (FedRand's kept half, FedPara's private pair, an optimiser state, ...).
+    """
+
+    client: int
+    model: nn.Module
+    data: torch.utils.data.Dataset
+    private: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TaskAPI:
+    """The public functions of a scenario: what the model computes, never which data it saw.
+
+    Attacks and defenses call these instead of knowing the model family.
+    """
+
+    name: str
+    family: str  # "image-cls" | "llm-text" | "vlm-caption" | "ldm-t2i"
+    loss: Callable[[nn.Module, Any], Tensor]  # mean loss on a collated batch
+    per_sample_loss: Callable[[nn.Module, Any], Tensor]  # [B] losses
+    collate: Callable[[Sequence[Any]], Any]
+    build_model: Callable[[], nn.Module]  # a fresh model of the same architecture (attacker's copy)
+    info: Mapping[str, Any] = field(default_factory=dict)  # input_shape, num_classes, lora, arch, ...
+    token_logprobs: Callable[[nn.Module, Any], Any] | None = None  # LM scenarios: per-token signals
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What an attack observes, built by the harness from the transcript (DESIGN.md s.2)."""
+
+    view: str
+    model: nn.Module | None
+    message: Message | None
+    api: TaskAPI
+    public: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Scores:
+    """Per-candidate membership scores: higher means more likely a member."""
+
+    scores: dict[str, Tensor]  # several named score variants (e.g. MaxRenyi-K%% for each alpha, K)
+    primary: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.scores:
+            raise ValueError("Scores needs at least one score vector")
+        if not self.primary:
+            self.primary = next(iter(self.scores))
+
+
+@dataclass
+class Reconstructions:
+    """Reconstructed inputs aligned with the targets, in the task's input space [N, C, H, W]."""
+
+    images: Tensor
+    labels: Tensor | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def params_of(obj: Any) -> dict[str, Any]:
+    """Hyper-parameters of a defense or attack dataclass, as plain values."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
+    return {}
+
+
+class Defense(abc.ABC):
+    """Base class: a dataclass whose fields are the hyper-parameters (DESIGN.md s.4).
+
+    ``setting`` is "federated" (global/client views) or "central" (one trainer releasing a model).
+    ``grid`` lists the configurations `--defense NAME` expands to; ``{}`` means the defaults.
+    """
+
+    name: ClassVar[str] = ""
+    setting: ClassVar[str] = "federated"
+    grid: ClassVar[tuple[Mapping[str, Any], ...]] = ({},)
+    paper: ClassVar[str] = ""
+
+    def applies(self, task: TaskAPI) -> str | None:
+        """Return None when the defense applies to the task, else the reason it does not."""
+        return None
+
+    def setup(self, model: nn.Module, task: TaskAPI) -> nn.Module:
+        """Prepare the global model before round 0 (e.g. add private modules). Default: unchanged."""
+        return model
+
+    @abc.abstractmethod
+    def client_step(self, state: ClientState, ctx: RoundCtx) -> Message:
+        """Train locally from ``state`` and return the message this client sends."""
+
+    @abc.abstractmethod
+    def aggregate(self, global_state: dict[str, Tensor], msgs: Sequence[Message], ctx: RoundCtx) -> dict[str, Tensor]:
+        """Combine the round's messages into the new global state (shared names only)."""
+
+    def epsilon(self, *, delta: float) -> float | None:
+        """The paper's per-release epsilon; None where no formal guarantee is claimed."""
+        return None
+
+    def epsilon_composed(self, *, delta: float, rounds: int, sample_rate: float) -> float | None:
+        """Epsilon over all rounds with client sampling (opacus accountant); None if not DP."""
+        return None
+
+
+class Attack(abc.ABC):
+    """Base class: a dataclass whose fields are the hyper-parameters.
+
+    ``views``: the threat views the attack can observe; ``kind``: membership or reconstruction.
+    """
+
+    name: ClassVar[str] = ""
+    views: ClassVar[tuple[str, ...]] = ()
+    kind: ClassVar[str] = "membership"
+    grid: ClassVar[tuple[Mapping[str, Any], ...]] = ({},)
+    paper: ClassVar[str] = ""
+
+    def applies(self, task: TaskAPI) -> str | None:
+        return None
+
+    @abc.abstractmethod
+    def run(self, obs: Observation, candidates: Sequence[Any] | None) -> Scores | Reconstructions:
+        """Membership: score every candidate. Reconstruction: rebuild the inputs behind obs.message."""
