@@ -108,7 +108,9 @@ class TaskAPI:
     collate: Callable[[Sequence[Any]], Any]
     build_model: Callable[[], nn.Module]  # a fresh model of the same architecture (attacker's copy)
     info: Mapping[str, Any] = field(default_factory=dict)  # input_shape, num_classes, lora, arch, ...
-    token_logprobs: Callable[[nn.Module, Any], Any] | None = None  # LM scenarios: per-token signals
+    # LM scenarios: (model, batch, part) -> (logits [B,T,V], targets [B,T] or None, mask [B,T] bool), already
+    # shifted so logits[:, t] predicts targets[:, t]; ``part`` is one of info["parts"] (e.g. "text", "image").
+    logits: Callable[[nn.Module, Any, str], tuple[Tensor, Tensor | None, Tensor]] | None = None
 
 
 @dataclass(frozen=True)
