@@ -193,6 +193,10 @@ def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = Tru
     gen = torch.Generator().manual_seed(seed)
     fl = task.fl
     datasets = list(task.client_data)
+    if defense.fl_mode() and defense.fl_mode() != fl.mode:
+        fl = replace(fl, mode=defense.fl_mode())
+    if fl.mode == "fedsgd":  # same number of gradient evaluations as the FedAvg protocol
+        fl = replace(fl, rounds=fl.rounds * local_steps_per_round(fl, datasets))
     if defense.setting == "central":
         fl = replace(fl, num_clients=1, clients_per_round=1, rounds=1, local_epochs=task.central_epochs, mode="fedavg")
         datasets = [task.central_data]
@@ -230,6 +234,13 @@ def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = Tru
     res = TrainResult(global_state, latest, transcript, bytes_down, logs=logs, wall_s=time.time() - t0,
                       peak_mem_mb=peak / 2**20)
     return model, res
+
+
+def local_steps_per_round(fl: FLConfig, datasets: Sequence[Dataset]) -> int:
+    """Local optimiser steps one FedAvg round takes for an average client."""
+    mean_n = sum(len(d) for d in datasets) / max(1, len(datasets))
+    steps = fl.local_epochs * max(1, math.ceil(mean_n / fl.batch_size))
+    return min(steps, fl.max_local_steps) if fl.max_local_steps else steps
 
 
 def _check_message(msg: Message, global_state: dict[str, Tensor]) -> None:

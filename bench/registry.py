@@ -36,7 +36,7 @@ class Registry(Generic[T]):
         """Decorator (``@DEFENSES.register``) or call; the key defaults to the defining file's name."""
 
         def _do(o: T) -> T:
-            key = name or getattr(o, "name", "") or _module_key(o)
+            key = name or vars(o).get("name") or _module_key(o)
             if key in self._items and self._items[key] is not o:
                 raise KeyError(f"{self.kind} {key!r} is already registered by {_where(self._items[key])}")
             if hasattr(o, "name") and isinstance(o, type):

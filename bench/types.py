@@ -170,6 +170,10 @@ class Defense(abc.ABC):
         """Return None when the defense applies to the task, else the reason it does not."""
         return None
 
+    def fl_mode(self) -> str | None:
+        """Force the FL protocol ("fedavg" or "fedsgd"); None keeps the scenario's."""
+        return None
+
     def setup(self, model: nn.Module, task: TaskAPI) -> nn.Module:
         """Prepare the global model before round 0 (e.g. add private modules). Default: unchanged."""
         return model

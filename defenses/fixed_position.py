@@ -1,0 +1,29 @@
+"""Fixed-position defense for ViTs (Lu et al. 2022, APRIL paper; papers/003 s.2.3).
+
+The positional-embedding update is never sent (nor trained locally): the server's positional
+embedding stays fixed, which breaks APRIL's closed form. Everything else is FedAvg / FedSGD.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bench.fl import standard_message
+from bench.registry import register_defense
+from bench.types import ClientState, Message, RoundCtx, TaskAPI
+from defenses.fedavg import FedAvg
+
+
+@register_defense
+@dataclass
+class FixedPosition(FedAvg):
+    paper = "Lu et al. 2022 (APRIL) defense; papers/003 s.2.3"
+
+    def applies(self, task: TaskAPI) -> str | None:
+        if not task.info.get("pos_embed_param"):
+            return "needs a ViT with a learnable positional embedding"
+        return None
+
+    def client_step(self, state: ClientState, ctx: RoundCtx) -> Message:
+        pos = ctx.task.info["pos_embed_param"]
+        names = [n for n in ctx.shared_names if n != pos]
+        return standard_message(state, ctx, names=names)
