@@ -12,3 +12,9 @@ T = TypeVar("T")
 def progress(it: Iterable[T], *, desc: str = "", total: int | None = None, leave: bool = True) -> Iterable[T]:
     return tqdm(it, desc=desc, total=total, leave=leave, disable=os.environ.get("BENCH_QUIET") == "1",
                 dynamic_ncols=True, mininterval=1.0)
+
+
+def progress_bar(*, total: int, desc: str = "") -> tqdm:
+    """A manually updated bar (``.update(1)``) for loops whose items are not an iterable."""
+    return tqdm(total=total, desc=desc, disable=os.environ.get("BENCH_QUIET") == "1", dynamic_ncols=True,
+                mininterval=1.0)

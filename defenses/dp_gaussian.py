@@ -30,16 +30,16 @@ def clip_by_global_norm(tensors: dict[str, Tensor], clip: float) -> tuple[dict[s
 @register_defense
 @dataclass
 class DPGaussian(Defense):
-    epsilon_: float = 1.0
+    eps: float = 1.0
     delta: float | None = None  # None: the scenario's (0.5 in papers/003's own setting, else 1e-5)
     clip: float = 1.0
     form: Literal["fedavg", "fedsgd"] = "fedavg"
-    grid = tuple({"epsilon_": e} for e in (1.0, 2.0, 4.0))
+    grid = tuple({"eps": e} for e in (1.0, 2.0, 4.0))
     paper = "papers/003 Eq. 6 (Gaussian DP baseline)"
 
     def __post_init__(self) -> None:
-        if self.epsilon_ <= 0 or self.clip <= 0:
-            raise ValueError("epsilon_ and clip must be positive")
+        if self.eps <= 0 or self.clip <= 0:
+            raise ValueError("eps and clip must be positive")
         self._delta = self.delta
 
     def fl_mode(self) -> str | None:
@@ -54,7 +54,7 @@ class DPGaussian(Defense):
     def sigma(self) -> float:
         from bench.accounting import gaussian_sigma
 
-        return gaussian_sigma(epsilon=self.epsilon_, delta=self._delta or 1e-5, sensitivity=self.clip)
+        return gaussian_sigma(epsilon=self.eps, delta=self._delta or 1e-5, sensitivity=self.clip)
 
     def client_step(self, state: ClientState, ctx: RoundCtx) -> Message:
         msg = standard_message(state, ctx)
@@ -75,7 +75,7 @@ class DPGaussian(Defense):
         return fedavg_aggregate(global_state, msgs, ctx)
 
     def epsilon(self, *, delta: float) -> float | None:
-        return self.epsilon_
+        return self.eps
 
     def epsilon_composed(self, *, delta: float, rounds: int, sample_rate: float) -> float | None:
         from bench.accounting import composed_epsilon

@@ -1,0 +1,111 @@
+"""MaxRényi-K% membership inference (papers/000 Eq. 11, from Li et al. 2024 "Membership Inference
+Attacks against Large Vision-Language Models"), with its target-based relatives from one forward pass.
+
+Per token position i of a slice, H_alpha(p(. | x_{1:i})) is the Rényi entropy of the next-token
+distribution; MaxRényi-K% is the mean of the largest K% of them (K = 0: the maximum). Members are
+predicted more confidently, so the score is the *negated* MaxRényi-K% (higher = member). Beside it:
+Min-K% prob (Shi et al. 2024: mean of the lowest K% target log-probabilities), the loss (mean target
+NLL; perplexity is its monotone transform, same AUROC) and ModRényi (Li et al. 2024, target-aware).
+All are reductions of the per-token signals of ``bench.signals.token_signals``.
+
+Primary score: ``maxrenyi_K10_a0.5_<part>``. papers/000 reports MaxRényi-0% and -10% (Table 4) and uses
+MaxRényi-10% alone as its headline in the ablation (Table 3); it does not state the order, and Li et al.
+use alpha = 0.5 as their main setting, so K = 10, alpha = 0.5. The part is the caption/text slice
+("caption", then "text", then the first slice with targets), where papers/000 Table 4 finds the signal.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from bench.registry import register_attack
+from bench.signals import PartSignals, alpha_name, masked_topk_mean, token_signals
+from bench.types import Attack, Observation, Scores, TaskAPI
+
+DEFAULT_KS = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100)
+
+
+def part_scores(part: str, sig: PartSignals, *, alphas: Sequence[float], ks: Sequence[int],
+                mod_alphas: Sequence[float]) -> dict[str, torch.Tensor]:
+    """Every score of one slice from its per-token signals (higher = member)."""
+    out: dict[str, torch.Tensor] = {}
+    for a in alphas:
+        for k in ks:
+            out[f"maxrenyi_K{k}_a{alpha_name(a)}_{part}"] = -masked_topk_mean(sig.entropy[a], sig.mask, k, largest=True)
+    if sig.target_logprob is not None:
+        for k in ks:
+            if k < 100:  # Min-100% prob is the negated loss below
+                out[f"mink_K{k}_{part}"] = masked_topk_mean(sig.target_logprob, sig.mask, k, largest=False)
+        out[f"loss_{part}"] = masked_topk_mean(sig.target_logprob, sig.mask, 100, largest=False)
+        for a in mod_alphas:
+            out[f"modrenyi_a{alpha_name(a)}_{part}"] = -masked_topk_mean(sig.mod_entropy[a], sig.mask, 100,
+                                                                          largest=True)
+    return out
+
+
+@register_attack
+@dataclass
+class MaxRenyi(Attack):
+    alphas: tuple[float, ...] = (0.5, 1.0, 2.0, math.inf)
+    ks: tuple[int, ...] = DEFAULT_KS
+    mod_alphas: tuple[float, ...] = (0.5, 1.0, 2.0)
+    primary_k: int = 10
+    primary_alpha: float = 0.5
+    primary_part: str = ""  # "" = caption, else text, else the first slice with targets
+    batch_size: int = 8
+    chunk_rows: int = 256  # token positions per softmax chunk (memory bound: chunk_rows x vocab floats)
+
+    views = ("global_model", "client_model", "released_model")
+    kind = "membership"
+    paper = "papers/000 Eq. 11 (MaxRényi-K%, Li et al. 2024); Min-K% prob (Shi et al. 2024)"
+
+    def __post_init__(self) -> None:
+        if not self.alphas:
+            raise ValueError("alphas must not be empty")
+        if any(a < 0 for a in self.alphas):
+            raise ValueError(f"Rényi orders must be >= 0, got {self.alphas}")
+        if any(not 0 <= k <= 100 for k in self.ks):
+            raise ValueError(f"K values must be in [0, 100], got {self.ks}")
+        if self.primary_k not in self.ks or self.primary_alpha not in self.alphas:
+            raise ValueError(f"primary K={self.primary_k}, alpha={self.primary_alpha} must be among "
+                             f"ks={self.ks} and alphas={self.alphas}")
+
+    def applies(self, task: TaskAPI) -> str | None:
+        if task.logits is None:
+            return "needs a language-model head (api.logits)"
+        return None
+
+    def choose_part(self, parts: Sequence[str], signals: dict[str, PartSignals]) -> str:
+        if self.primary_part:
+            if self.primary_part not in parts:
+                raise ValueError(f"primary_part {self.primary_part!r} is not one of the task's parts {list(parts)}")
+            return self.primary_part
+        for p in ("caption", "text"):
+            if p in parts:
+                return p
+        with_targets = [p for p in parts if signals[p].target_logprob is not None]
+        return (with_targets or list(parts))[0]
+
+    def run(self, obs: Observation, candidates: Sequence[Any] | None) -> Scores:
+        reason = self.applies(obs.api)
+        if reason:
+            raise ValueError(reason)
+        if obs.model is None:
+            raise ValueError(f"max_renyi needs a model in the observation (view {obs.view!r})")
+        items = list(candidates or [])
+        if not items:
+            raise ValueError("max_renyi needs candidates to score")
+        parts = list(obs.api.info.get("parts", ("text",)))
+        signals = token_signals(obs.api, obs.model, items, alphas=self.alphas, mod_alphas=self.mod_alphas,
+                                batch_size=self.batch_size, chunk_rows=self.chunk_rows, parts=parts,
+                                desc=f"max_renyi {obs.view}")
+        scores: dict[str, torch.Tensor] = {}
+        for part in parts:
+            scores.update(part_scores(part, signals[part], alphas=self.alphas, ks=self.ks,
+                                      mod_alphas=self.mod_alphas))
+        part = self.choose_part(parts, signals)
+        primary = f"maxrenyi_K{self.primary_k}_a{alpha_name(self.primary_alpha)}_{part}"
+        return Scores(scores, primary=primary)

@@ -1,0 +1,148 @@
+"""Running one attack cell: build the observation the attack declares, keep the ground truth here,
+score the attack (DESIGN.md s.2, s.5)."""
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import ConcatDataset
+
+from .fl import TrainResult, client_model_state, current, load_state
+from .metrics import membership_metrics, membership_point, mean_ci, reconstruction_metrics, to_unit
+from .plots import save_grid
+from .task import Task
+from .training import build_trained_model
+from .types import Attack, ClientState, Defense, Observation, Reconstructions, RoundCtx, Scores
+
+
+def target_client(train: TrainResult) -> int:
+    """The client the curious server reconstructs: the one that sent the most weight messages."""
+    counts: dict[int, int] = {}
+    for m in train.transcript:
+        if m["kind"] == "weights":
+            counts[m["client"]] = counts.get(m["client"], 0) + 1
+    return min(counts, key=lambda k: (-counts[k], k)) if counts else 0
+
+
+def _items(ds) -> list[Any]:
+    return [ds[i] for i in range(len(ds))]
+
+
+def membership_sets(task: Task, defense: Defense | None, view: str, client: int, seed: int):
+    """Members / non-members of the same distribution, split into attacker-known aux and evaluation."""
+    if view == "client_model":
+        members_ds = task.client_data[client]
+    elif defense is not None and defense.setting == "central":
+        members_ds = task.central_data
+    else:
+        members_ds = ConcatDataset(task.client_data) if defense is not None or task.central_data is None \
+            else task.central_data
+    if task.nonmembers is None:
+        raise ValueError(f"task {task.id} has no held-out non-members")
+    rng = random.Random(seed)
+    m_idx = list(range(len(members_ds)))
+    n_idx = list(range(len(task.nonmembers)))
+    rng.shuffle(m_idx)
+    rng.shuffle(n_idx)
+    n = min(len(m_idx), len(n_idx), 2 * task.max_membership)
+    half = n // 2
+    if half < 4:
+        raise ValueError(f"too few candidates for a membership cell ({n}); need at least 8 per side")
+    pick = lambda ds, idx: [ds[i] for i in idx]  # noqa: E731
+    evaluation = pick(members_ds, m_idx[:half]), pick(task.nonmembers, n_idx[:half])
+    aux = pick(members_ds, m_idx[half:n]), pick(task.nonmembers, n_idx[half:n])
+    return evaluation, aux
+
+
+def run_membership(task: Task, defense: Defense | None, attack: Attack, view: str, train: TrainResult | None,
+                   seed: int) -> dict:
+    """Score members vs non-members; ``defense`` None = the un-fine-tuned base model (shift check)."""
+    client = target_client(train) if train is not None else 0
+    if defense is None:
+        model = task.api.build_model().eval()
+    else:
+        state = train.global_state
+        if view == "client_model":
+            if not train.client_latest:
+                raise ValueError("client states were not kept for this run (shared state too large)")
+            state = client_model_state(train.global_state, train.client_latest.get(client, {}))
+        model = build_trained_model(task, defense, state)
+    (mem, non), (aux_m, aux_n) = membership_sets(task, defense, view, client, seed)
+    candidates = mem + non
+    labels = np.array([1] * len(mem) + [0] * len(non))
+    order = np.random.default_rng(seed).permutation(len(candidates))
+    obs = Observation(view=view, model=model, message=None, api=task.api,
+                      public={"aux_members": aux_m, "aux_nonmembers": aux_n})
+    torch.manual_seed(seed)
+    out = attack.run(obs, [candidates[i] for i in order])
+    if not isinstance(out, Scores):
+        raise TypeError(f"membership attack {attack.name} returned {type(out).__name__}, expected Scores")
+    y = labels[order]
+    variants = {}
+    for name, s in out.scores.items():
+        s = np.asarray(torch.as_tensor(s).detach().float().cpu())
+        if s.shape != (len(y),):
+            raise ValueError(f"score {name!r} has shape {s.shape}, expected ({len(y)},)")
+        variants[name] = membership_point(s, y)
+    primary = np.asarray(torch.as_tensor(out.scores[out.primary]).detach().float().cpu())
+    metrics, roc = membership_metrics(primary, y, seed=seed)
+    return {"metrics": metrics, "variants": variants, "roc": roc, "primary": out.primary,
+            "target_client": client if view == "client_model" else None, "n_candidates": len(y)}
+
+
+def probe_observations(task: Task, defense: Defense, seed: int) -> tuple[list[Observation], list[Any]]:
+    """One batch-1 client update per reconstruction target, made by the defense's own client code
+    from the initial global model (the round-0 update the attacker intercepts)."""
+    api = task.api
+    model0 = defense.setup(api.build_model(), api)
+    names = tuple(task.shared_names(model0))
+    state0 = current(model0, names)
+    fl = replace(task.fl, batch_size=1, local_epochs=1, max_local_steps=1, rounds=1)
+    if defense.fl_mode():
+        fl = replace(fl, mode=defense.fl_mode())
+    work = copy.deepcopy(model0)
+    observations, targets = [], list(task.recon_targets or [])
+    for i, item in enumerate(targets):
+        gen = torch.Generator().manual_seed(seed * 100_003 + i)
+        ctx = RoundCtx(round=0, rounds=1, fl=fl, task=api, generator=gen, num_selected=1, global_state=state0,
+                       shared_names=names, extras=task.extras)
+        load_state(work, state0)
+        msg = defense.client_step(ClientState(1000 + i, work, [item], {}), ctx)
+        observations.append(Observation(view="client_update", model=copy.deepcopy(model0), message=msg, api=api,
+                                        public={"global_state": state0, "lr": fl.lr, "local_steps": 1,
+                                                "num_samples": 1, "mode": fl.mode}))
+    return observations, targets
+
+
+def run_reconstruction(task: Task, attack: Attack, probes: tuple[list[Observation], list[Any]], seed: int,
+                       artifact_dir: Path) -> dict:
+    observations, targets = probes
+    if not targets:
+        raise ValueError(f"task {task.id} has no reconstruction targets")
+    torch.manual_seed(seed)
+    outs = attack.run_batch(observations) if hasattr(attack, "run_batch") else [attack.run(o, None) for o in observations]
+    recon = torch.cat([o.images for o in outs]).detach().float().cpu().numpy()
+    truth = torch.stack([t[0] for t in targets]).float().numpy()
+    if recon.shape != truth.shape:
+        raise ValueError(f"reconstructions have shape {recon.shape}, targets {truth.shape}")
+    info = task.api.info
+    r01, t01 = to_unit(recon, info["mean"], info["std"]), to_unit(truth, info["mean"], info["std"])
+    per = reconstruction_metrics(r01, t01)
+    metrics = {k: mean_ci(v, seed=seed) for k, v in per.items()}
+    labels = [o.labels for o in outs if o.labels is not None]
+    if labels:
+        got = torch.cat(labels).cpu().numpy()
+        want = np.array([int(t[1]) for t in targets])
+        per["label_correct"] = (got == want).astype(float).tolist()
+        metrics["label_acc"] = mean_ci(per["label_correct"], seed=seed)
+    failed = [o.details.get("failed") for o in outs if o.details.get("failed")]
+    grid = save_grid(t01, r01, artifact_dir / "grid.png", title=f"{task.id} / {attack.name}",
+                     scores=per["ssim"])
+    return {"metrics": metrics, "per_sample": per, "artifacts": {"grid": grid},
+            "attack_notes": sorted(set(failed))}

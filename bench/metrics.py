@@ -1,0 +1,77 @@
+"""Metrics (DESIGN.md s.5): membership AUROC / advantage / ASR / TPR at low FPR with bootstrap
+intervals (ROC from scikit-learn), and reconstruction SSIM / PSNR / MSE per image (scikit-image)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from sklearn.metrics import roc_auc_score, roc_curve
+from skimage.metrics import mean_squared_error, peak_signal_noise_ratio, structural_similarity
+
+FPRS = (0.001, 0.01, 0.05)
+
+
+def tpr_at_fpr(fpr: np.ndarray, tpr: np.ndarray, target: float) -> float:
+    """Highest TPR whose FPR does not exceed ``target`` (the conservative reading of the ROC)."""
+    ok = fpr <= target
+    return float(tpr[ok].max()) if ok.any() else 0.0
+
+
+def membership_point(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    fpr, tpr, _ = roc_curve(labels, scores)
+    auc = float(roc_auc_score(labels, scores))
+    out = {"auroc": auc, "advantage": abs(auc - 0.5) / 0.5, "asr": float(np.max(1 - (fpr + (1 - tpr)) / 2))}
+    for f in FPRS:
+        out[f"tpr@{f:g}fpr"] = tpr_at_fpr(fpr, tpr, f)
+    return out
+
+
+def membership_metrics(scores: Sequence[float], labels: Sequence[int], *, n_boot: int = 200,
+                       seed: int = 0) -> tuple[dict[str, dict[str, float]], dict[str, list[float]]]:
+    """Point estimates with 95% bootstrap intervals (resampling candidates), and the ROC curve."""
+    s = np.asarray(scores, dtype=float)
+    y = np.asarray(labels, dtype=int)
+    if not np.isfinite(s).all():
+        raise ValueError("membership scores contain NaN or inf")
+    point = membership_point(s, y)
+    rng = np.random.default_rng(seed)
+    boots: dict[str, list[float]] = {k: [] for k in point}
+    for _ in range(n_boot):
+        idx = rng.integers(0, len(s), len(s))
+        if len(np.unique(y[idx])) < 2:
+            continue
+        for k, v in membership_point(s[idx], y[idx]).items():
+            boots[k].append(v)
+    metrics = {k: {"value": v, "ci_low": float(np.percentile(boots[k], 2.5)),
+                   "ci_high": float(np.percentile(boots[k], 97.5))} for k, v in point.items()}
+    fpr, tpr, _ = roc_curve(y, s)
+    return metrics, {"fpr": fpr.tolist(), "tpr": tpr.tolist()}
+
+
+def to_unit(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """De-normalise [N,C,H,W] model inputs to [0,1] images."""
+    m = np.asarray(mean, dtype=float).reshape(1, -1, 1, 1)
+    sd = np.asarray(std, dtype=float).reshape(1, -1, 1, 1)
+    return np.clip(images * sd + m, 0.0, 1.0)
+
+
+def reconstruction_metrics(recon: np.ndarray, target: np.ndarray) -> dict[str, list[float]]:
+    """Per-image SSIM, PSNR, MSE on [0,1] images of shape [N,C,H,W]."""
+    out: dict[str, list[float]] = {"ssim": [], "psnr": [], "mse": []}
+    for r, t in zip(recon, target):
+        r2, t2 = np.moveaxis(r, 0, -1), np.moveaxis(t, 0, -1)
+        win = min(7, *t2.shape[:2]) // 2 * 2 + 1 if min(t2.shape[:2]) < 7 else 7
+        out["ssim"].append(float(structural_similarity(t2, r2, data_range=1.0, channel_axis=-1, win_size=win)))
+        mse = float(mean_squared_error(t2, r2))
+        out["mse"].append(mse)
+        out["psnr"].append(float(peak_signal_noise_ratio(t2, r2, data_range=1.0)) if mse > 0 else 100.0)
+    return out
+
+
+def mean_ci(values: Sequence[float], *, n_boot: int = 1000, seed: int = 0) -> dict[str, float]:
+    """Mean with a 95% bootstrap interval over the values (images, or seeds)."""
+    v = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    means = rng.choice(v, size=(n_boot, len(v)), replace=True).mean(1) if len(v) > 1 else np.array([v.mean()])
+    return {"value": float(v.mean()), "ci_low": float(np.percentile(means, 2.5)),
+            "ci_high": float(np.percentile(means, 97.5))}

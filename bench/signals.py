@@ -1,0 +1,313 @@
+"""Per-sample model signals for membership inference, computed once and shared by every score (DESIGN.md s.7).
+
+One forward pass per batch of candidates gives, per token position of each ``api.info["parts"]`` slice,
+the Rényi entropies of the next-token distribution, the target token's log-probability and the modified
+Rényi entropies; every MaxRényi-K% / Min-K% / loss / ModRényi score is then a cheap reduction of these
+(``masked_topk_mean``). Per-sample losses (optionally at fixed diffusion timesteps) and per-sample
+per-parameter-tensor gradient norms are the signals of the loss- and gradient-based attacks.
+
+Optional scenario hooks read from ``api.info`` (documented here because several attacks share them):
+
+- ``"loss_at_timestep"``: ``(model, batch, t: int) -> [B]`` per-sample loss at diffusion step ``t``, with
+  ``"num_timesteps"`` (int). When present, loss signals are taken at ``n`` stratified timesteps
+  ``t_j = floor((j + 1/2) T / n)`` (the ten uniformly spaced steps of GSA, Pang et al. 2023), and the
+  scalar per-sample loss is their mean (GSA1: losses averaged before back-propagation).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
+
+from .progress import progress
+from .types import TaskAPI
+
+INF = math.inf
+
+# ----------------------------------------------------------------------------------------------
+# entropies of next-token distributions (pure functions on log-probabilities)
+
+
+def renyi_entropy(logp: Tensor, alpha: float) -> Tensor:
+    """Rényi entropy H_alpha = log(sum_i p_i^alpha) / (1 - alpha) of each distribution in ``logp`` [..., V].
+
+    alpha = 1 is the Shannon limit -sum p log p, alpha = inf the min-entropy -log max p (Rényi 1961;
+    the per-token quantity of MaxRényi-K%, papers/000 Eq. 11 / Li et al. 2024). Natural log.
+    """
+    if alpha < 0:
+        raise ValueError(f"Rényi order must be >= 0, got {alpha}")
+    if alpha == 1:
+        p = logp.exp()
+        return -(torch.where(p > 0, p * logp, torch.zeros_like(p))).sum(-1)
+    if math.isinf(alpha):
+        return -logp.max(-1).values
+    return torch.logsumexp(alpha * logp, dim=-1) / (1.0 - alpha)
+
+
+def modified_renyi_entropy(logp: Tensor, target: Tensor, alpha: float) -> Tensor:
+    """Target-aware modified Rényi entropy (ModRényi, Li et al. 2024 s.4; alpha = 1 is the modified
+    entropy of Song & Mittal 2021): low when the target token is confidently predicted.
+
+    MH_a = -1/|1-a| [ (1-p_y) p_y^|1-a| - (1-p_y) + sum_{j!=y} p_j ((1-p_j)^|1-a| - 1) ],
+    MH_1 = -(1-p_y) log p_y - sum_{j!=y} p_j log(1-p_j).    ``logp`` [..., V], ``target`` [...].
+    """
+    p = logp.exp()
+    py = p.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    logpy = logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    others = torch.ones_like(p, dtype=torch.bool).scatter_(-1, target.unsqueeze(-1), False)
+    log1mp = torch.log1p(-p.clamp(max=1 - 1e-12))
+    if alpha == 1:
+        return -(1 - py) * logpy - torch.where(others, p * log1mp, torch.zeros_like(p)).sum(-1)
+    a = abs(1.0 - alpha)
+    head = (1 - py) * torch.expm1(a * logpy)  # (1-p_y)(p_y^a - 1)
+    tail = torch.where(others, p * torch.expm1(a * log1mp), torch.zeros_like(p)).sum(-1)
+    return -(head + tail) / a
+
+
+def masked_topk_mean(values: Tensor, mask: Tensor, k_percent: float, *, largest: bool) -> Tensor:
+    """Mean of the largest (or smallest) K% of each row's masked values: [N, T] -> [N].
+
+    K% of n positions is floor(n K / 100), at least one, so K = 0 is the max (min) and K = 100 the mean
+    (papers/000 Eq. 11: MaxRényi-0% is the maximum; Min-K% prob of Shi et al. 2024 likewise).
+    """
+    if not 0 <= k_percent <= 100:
+        raise ValueError(f"K must be in [0, 100], got {k_percent}")
+    n = mask.sum(1)
+    if (n == 0).any():
+        bad = torch.nonzero(n == 0).flatten()[:5].tolist()
+        raise ValueError(f"candidates {bad} have no token positions in this part; cannot score them")
+    k = torch.clamp((n.double() * k_percent / 100.0 + 1e-9).floor().long(), min=1)
+    fill = -INF if largest else INF
+    v = values.double().masked_fill(~mask, fill).sort(dim=1, descending=largest).values
+    # only the first k (finite) entries of each row are summed
+    first = torch.arange(v.shape[1]).unsqueeze(0) < k.unsqueeze(1)
+    return torch.where(first, v, torch.zeros_like(v)).sum(1) / k
+
+
+def alpha_name(alpha: float) -> str:
+    return "inf" if math.isinf(alpha) else f"{alpha:g}"
+
+
+# ----------------------------------------------------------------------------------------------
+# per-token signals of a language-model head
+
+
+@dataclass
+class PartSignals:
+    """Per-token signals of one slice (``part``) for N candidates, padded to [N, T] with ``mask``."""
+
+    mask: Tensor  # [N, T] bool
+    entropy: dict[float, Tensor] = field(default_factory=dict)  # alpha -> [N, T]
+    target_logprob: Tensor | None = None  # [N, T] log p(target) (None for target-free slices)
+    mod_entropy: dict[float, Tensor] = field(default_factory=dict)  # alpha -> [N, T] (targets only)
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put ``model`` in eval mode (no dropout, frozen batch-norm statistics) and restore it afterwards."""
+    was = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was)
+
+
+def _batches(items: Sequence[Any], batch_size: int, desc: str) -> Iterator[Sequence[Any]]:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    starts = range(0, len(items), batch_size)
+    for s in progress(starts, desc=desc, total=len(starts), leave=False):
+        yield items[s:s + batch_size]
+
+
+def _token_rows(logp: Tensor, tgt: Tensor | None, alphas: Sequence[float],
+                mod_alphas: Sequence[float]) -> dict[str, Tensor]:
+    out = {f"H{a}": renyi_entropy(logp, a) for a in alphas}
+    if tgt is not None:
+        out["logprob"] = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+        for a in mod_alphas:
+            out[f"M{a}"] = modified_renyi_entropy(logp, tgt, a)
+    return out
+
+
+@torch.no_grad()
+def token_signals(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, alphas: Sequence[float],
+                  mod_alphas: Sequence[float] = (), batch_size: int = 8, chunk_rows: int = 256,
+                  parts: Sequence[str] | None = None, desc: str = "signals") -> dict[str, PartSignals]:
+    """One forward pass per batch and part; per-token Rényi entropies, target log-probs, ModRényi.
+
+    ``api.logits(model, batch, part)`` gives (logits [B,T,V], targets [B,T] or None, mask [B,T]); the
+    softmax is evaluated in chunks of ``chunk_rows`` masked positions (float32) to bound memory.
+    """
+    if api.logits is None:
+        raise ValueError(f"task {api.name!r} has no language-model head (api.logits)")
+    parts = list(parts if parts is not None else api.info.get("parts", ("text",)))
+    if not alphas:
+        raise ValueError("token_signals needs at least one Rényi order")
+    rows: dict[str, dict[str, list[Tensor]]] = {p: {} for p in parts}
+    has_tgt: dict[str, bool] = {}
+    with eval_mode(model):
+        for chunk in _batches(items, batch_size, desc):
+            batch = api.collate(list(chunk))
+            for part in parts:
+                logits, targets, mask = api.logits(model, batch, part)
+                mask = mask.bool()
+                if has_tgt.setdefault(part, targets is not None) != (targets is not None):
+                    raise ValueError(f"api.logits part {part!r} returned targets for some batches only")
+                counts = mask.sum(1).tolist()
+                flat = logits[mask]  # [n_selected, V]
+                ftgt = targets[mask].long() if targets is not None else None
+                acc: dict[str, list[Tensor]] = {}
+                for s in range(0, max(flat.shape[0], 1), chunk_rows):  # runs once on an empty slice too
+                    logp = torch.log_softmax(flat[s:s + chunk_rows].float(), dim=-1)
+                    t = ftgt[s:s + chunk_rows] if ftgt is not None else None
+                    for k, v in _token_rows(logp, t, alphas, mod_alphas).items():
+                        acc.setdefault(k, []).append(v)
+                for k, vs in acc.items():
+                    rows[part].setdefault(k, []).extend(torch.split(torch.cat(vs), counts))
+    out = {}
+    for part in parts:
+        r = {k: rows[part].get(k, []) for k in [f"H{a}" for a in alphas] + ["logprob"]
+             + [f"M{a}" for a in mod_alphas]}
+        lengths = torch.tensor([len(x) for x in r[f"H{alphas[0]}"]], dtype=torch.long)
+        T = int(lengths.max()) if len(lengths) else 0
+        mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
+
+        def pad(xs: list[Tensor]) -> Tensor:
+            return pad_sequence(xs, batch_first=True) if xs else torch.zeros(0, 0)
+
+        ps = PartSignals(mask=mask, entropy={a: pad(r[f"H{a}"]) for a in alphas})
+        if has_tgt.get(part):
+            ps.target_logprob = pad(r["logprob"])
+            ps.mod_entropy = {a: pad(r[f"M{a}"]) for a in mod_alphas}
+        out[part] = ps
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# per-sample losses and gradients
+
+
+def loss_timesteps(api: TaskAPI, n: int) -> list[int]:
+    """The ``n`` stratified timesteps floor((j + 1/2) T / n), or [] when the task has no timestep hook."""
+    if n <= 0 or "loss_at_timestep" not in api.info:
+        return []
+    T = int(api.info["num_timesteps"])
+    return sorted({min(T - 1, int((j + 0.5) * T / n)) for j in range(n)})
+
+
+def loss_matrix(api: TaskAPI, model: nn.Module, batch: Any, timesteps: Sequence[int]) -> Tensor:
+    """Per-sample loss signal [B, F]: the losses at ``timesteps`` if given, else ``per_sample_loss`` [B, 1]."""
+    if timesteps:
+        fn = api.info["loss_at_timestep"]
+        return torch.stack([fn(model, batch, int(t)) for t in timesteps], dim=1)
+    return api.per_sample_loss(model, batch).reshape(-1, 1)
+
+
+@torch.no_grad()
+def per_sample_losses(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, batch_size: int = 16,
+                      timesteps: Sequence[int] = (), desc: str = "losses") -> Tensor:
+    """[N, F] per-sample losses (F = len(timesteps), or 1 for ``api.per_sample_loss``), float64."""
+    out = []
+    with eval_mode(model):
+        for chunk in _batches(items, batch_size, desc):
+            out.append(loss_matrix(api, model, api.collate(list(chunk)), timesteps).detach().double())
+    return torch.cat(out) if out else torch.zeros(0, max(1, len(timesteps)), dtype=torch.float64)
+
+
+def attack_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters whose gradients are features: the trainable ones (e.g. LoRA), else all."""
+    named = dict(model.named_parameters())
+    chosen = {n: p for n, p in named.items() if p.requires_grad}
+    return chosen or named
+
+
+class _LossOf(nn.Module):
+    """Wraps ``model`` so ``torch.func.functional_call`` can swap its parameters inside a task loss."""
+
+    def __init__(self, model: nn.Module, api: TaskAPI, timesteps: Sequence[int]):
+        super().__init__()
+        self.model = model
+        self.api = api
+        self.timesteps = list(timesteps)
+
+    def forward(self, batch: Any) -> Tensor:
+        return loss_matrix(self.api, self.model, batch, self.timesteps).mean(1)
+
+
+def _grad_norms_vmap(wrapper: _LossOf, params: dict[str, Tensor], batch: Any, chunk: int) -> Tensor:
+    from torch.func import functional_call, grad, vmap
+    from torch.utils._pytree import tree_map
+
+    def loss_one(p: dict[str, Tensor], sample: Any) -> Tensor:
+        one = tree_map(lambda x: x.unsqueeze(0) if isinstance(x, Tensor) else x, sample)
+        return functional_call(wrapper, p, (one,))[0]
+
+    def norms_one(p: dict[str, Tensor], sample: Any) -> Tensor:
+        g = grad(loss_one)(p, sample)
+        return torch.stack([g[n].float().norm() for n in p])
+
+    return vmap(norms_one, in_dims=(None, 0), randomness="different", chunk_size=chunk)(params, batch)
+
+
+def _grad_norms_loop(wrapper: _LossOf, params: dict[str, nn.Parameter], items: Sequence[Any],
+                     collate) -> Tensor:
+    rows = []
+    plist = list(params.values())
+    for it in items:
+        loss = wrapper(collate([it]))[0]
+        gs = torch.autograd.grad(loss, plist, allow_unused=True)
+        rows.append(torch.stack([g.float().norm() if g is not None else torch.zeros(()) for g in gs]))
+    return torch.stack(rows)
+
+
+def per_sample_grad_norms(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, batch_size: int = 8,
+                          timesteps: Sequence[int] = (), use_vmap: bool = True, memory_mb: float = 1024.0,
+                          desc: str = "per-sample grads") -> tuple[Tensor, list[str]]:
+    """[N, L] L2 norms of each sample's loss gradient w.r.t. each parameter tensor, and the tensor names.
+
+    Per-sample gradients via ``torch.func`` (functional_call + vmap, chunked to ~``memory_mb`` of
+    gradients); when the model or the task loss is not vmappable (data-dependent control flow,
+    non-tensor batch fields, ...) it falls back to one backward pass per sample.
+    """
+    params = attack_parameters(model)
+    names = list(params)
+    wrapper = _LossOf(model, api, timesteps)
+    numel = sum(p.numel() for p in params.values())
+    chunk = max(1, int(memory_mb * 2**20 / (4 * max(numel, 1))))
+    out: list[Tensor] = []
+    vmap_ok = use_vmap
+    frozen = [p for p in params.values() if not p.requires_grad]
+    with eval_mode(model):
+        try:
+            for p in frozen:
+                p.requires_grad_(True)
+            for chunk_items in _batches(items, batch_size, desc):
+                if vmap_ok:
+                    try:
+                        detached = {n: p.detach() for n, p in params.items()}
+                        out.append(_grad_norms_vmap(wrapper, detached, api.collate(list(chunk_items)), chunk)
+                                   .detach().double())
+                        continue
+                    except Exception:  # noqa: BLE001 - any vmap incompatibility: use the exact loop
+                        vmap_ok = False
+                out.append(_grad_norms_loop(wrapper, params, chunk_items, api.collate).detach().double())
+        finally:
+            for p in frozen:
+                p.requires_grad_(False)
+    feats = torch.cat(out) if out else torch.zeros(0, len(names), dtype=torch.float64)
+    return feats, names
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run a block with a fixed torch CPU seed without disturbing the caller's random stream."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield

@@ -1,0 +1,252 @@
+"""Private text for the language-model scenarios: the Debian ``fortunes`` corpus and Alpaca-GPT4.
+
+``fortunes`` / ``fortunes-min`` install ~13.8k short English texts under ``/usr/share/games/fortunes/``
+in strfile format (entries separated by a line holding only ``%``; file name = category, which gives
+the non-IID client splits). Alpaca-GPT4 (``vicgalle/alpaca-gpt4``) is the DP-FedLoRA paper's data
+(papers/002 s.V-A), read from the local Hugging Face cache only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .assets import AssetMissing, hub_missing
+
+FORTUNES_DIR = Path("/usr/share/games/fortunes")
+INDEX_SUFFIXES = (".dat", ".u8", ".pos", ".idx")
+
+ALPACA_GPT4_ID = "vicgalle/alpaca-gpt4"
+# Not verified offline: no commit hash of this dataset could be checked from this machine. "main" is
+# resolved to the commit hash of the locally cached snapshot, which is what the task config records.
+ALPACA_GPT4_REVISION = "main"
+# Alpaca prompt template as used by OpenFedLLM, which DP-FedLoRA builds on.
+ALPACA_TEMPLATE = ("Below is an instruction that describes a task. Write a response that appropriately "
+                   "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response: {output}")
+ALPACA_TEMPLATE_INPUT = ("Below is an instruction that describes a task, paired with an input that provides further "
+                         "context. Write a response that appropriately completes the request.\n\n### Instruction:\n"
+                         "{instruction}\n\n### Input:\n{input}\n\n### Response: {output}")
+
+
+@dataclass(frozen=True)
+class TextCorpus:
+    """Texts with an integer category each; ``categories[c]`` names category ``c``."""
+
+    texts: list[str]
+    labels: list[int]
+    categories: list[str]
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+# ----------------------------------------------------------------------------------------------
+# fortunes
+
+
+def parse_strfile(path: str | os.PathLike) -> list[str]:
+    """Entries of one strfile-format file: blocks separated by lines that hold only ``%``."""
+    raw = Path(path).read_text(encoding="utf-8", errors="replace")
+    entries, cur = [], []
+    for line in raw.splitlines():
+        if line.rstrip() == "%":
+            entries.append("\n".join(cur))
+            cur = []
+        else:
+            cur.append(line)
+    entries.append("\n".join(cur))
+    return [e for e in entries if e.strip()]
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_SPACES = re.compile(r" {2,}")
+_BLANKS = re.compile(r"\s+")
+_NON_LETTERS = re.compile(r"[\W\d_]+")
+_NON_WORD = re.compile(r"\W+")
+
+
+def clean_text(text: str) -> str:
+    """Strip control characters and per-line indentation, collapse inner runs of blanks, keep line breaks."""
+    text = _CONTROL.sub("", text.replace("\t", " "))
+    lines = [_SPACES.sub(" ", ln.strip()) for ln in text.splitlines()]
+    while lines and not lines[0]:
+        lines.pop(0)
+    while lines and not lines[-1]:
+        lines.pop()
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines))
+
+
+def _dedupe_key(text: str) -> str:
+    return _NON_WORD.sub(" ", text.lower()).strip()
+
+
+def _prose_like(text: str, min_letter_frac: float) -> bool:
+    """Drop ASCII-art pictures and tables: too few letters among the non-blank characters."""
+    visible = len(_BLANKS.sub("", text))
+    return visible > 0 and len(_NON_LETTERS.sub("", text)) / visible >= min_letter_frac
+
+
+def strfile_sources(root: str | os.PathLike) -> list[Path]:
+    """The category files of a fortunes directory: no index files (.dat, .u8), no symlinked duplicates."""
+    root = Path(root)
+    out = []
+    for p in sorted(root.iterdir()):
+        if p.is_symlink() or not p.is_file() or p.name.startswith(".") or p.suffix in INDEX_SUFFIXES:
+            continue
+        out.append(p)
+    return out
+
+
+def load_fortunes(root: str | os.PathLike = FORTUNES_DIR, *, min_chars: int = 20, max_chars: int = 600,
+                  min_letter_frac: float = 0.6) -> TextCorpus:
+    """Every fortune, cleaned, de-duplicated (first occurrence in sorted file order wins), with its
+    file as category; texts shorter than ``min_chars`` or longer than ``max_chars`` are dropped.
+    Deterministic: no randomness, sorted traversal."""
+    root = Path(root)
+    files = strfile_sources(root) if root.is_dir() else []
+    if not files:
+        raise AssetMissing(f"no fortune files under {root}: the llm-text scenario needs the Debian packages "
+                           f"`fortunes` and `fortunes-min` (`apt-get install fortunes fortunes-min`).")
+    seen: set[str] = set()
+    texts, labels, cats = [], [], []
+    for path in files:
+        kept = []
+        for entry in parse_strfile(path):
+            t = clean_text(entry)
+            key = _dedupe_key(t)
+            if not (min_chars <= len(t) <= max_chars) or key in seen or not _prose_like(t, min_letter_frac):
+                continue
+            seen.add(key)
+            kept.append(t)
+        if kept:
+            cats.append(path.name)
+            texts.extend(kept)
+            labels.extend([len(cats) - 1] * len(kept))
+    return TextCorpus(texts, labels, cats, source=str(root))
+
+
+# ----------------------------------------------------------------------------------------------
+# Alpaca-GPT4 (paper preset)
+
+
+def load_alpaca_gpt4(revision: str = ALPACA_GPT4_REVISION, *, cache_dir: str | os.PathLike | None = None,
+                     max_samples: int | None = None) -> tuple[TextCorpus, str]:
+    """Alpaca-GPT4 from the local Hugging Face cache (offline), formatted with the Alpaca template.
+
+    Returns the corpus and the resolved snapshot commit. Category = whether the example has an
+    ``input`` field (the data set has no topic labels), so the Dirichlet split degrades to two groups.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        snap = Path(snapshot_download(ALPACA_GPT4_ID, repo_type="dataset", revision=revision,
+                                      cache_dir=cache_dir, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError) as e:
+        raise hub_missing(ALPACA_GPT4_ID, revision, what="data set") from e
+    rows = _read_rows(snap)
+    texts, labels = [], []
+    for r in rows:
+        inp = (r.get("input") or "").strip()
+        tpl = ALPACA_TEMPLATE_INPUT if inp else ALPACA_TEMPLATE
+        texts.append(tpl.format(instruction=str(r["instruction"]).strip(), input=inp, output=str(r["output"]).strip()))
+        labels.append(int(bool(inp)))
+        if max_samples is not None and len(texts) >= max_samples:
+            break
+    return TextCorpus(texts, labels, ["no-input", "with-input"], source=f"{ALPACA_GPT4_ID}@{snap.name}"), snap.name
+
+
+def _read_rows(snap: Path) -> list[dict[str, Any]]:
+    files = sorted(p for p in snap.rglob("*") if p.suffix in (".parquet", ".json", ".jsonl") and p.is_file())
+    if not files:
+        raise AssetMissing(f"snapshot {snap} holds no .parquet/.json/.jsonl data files")
+    rows: list[dict[str, Any]] = []
+    for p in files:
+        if p.suffix == ".parquet":
+            import pandas as pd
+
+            try:
+                rows.extend(pd.read_parquet(p).to_dict("records"))
+            except ImportError as e:
+                raise AssetMissing(f"reading {p.name} needs a parquet engine: `pip install pyarrow`") from e
+        elif p.suffix == ".jsonl":
+            rows.extend(json.loads(ln) for ln in p.read_text().splitlines() if ln.strip())
+        else:
+            data = json.loads(p.read_text())
+            rows.extend(data if isinstance(data, list) else data.get("data", []))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# splits and tokenisation
+
+
+def stratified_split(labels: Sequence[int], fractions: Sequence[float], seed: int) -> list[list[int]]:
+    """Disjoint index sets with (almost exactly) the given fractions *within every category*.
+
+    Items are shuffled, grouped by category, and each is dealt to the split whose quota is most
+    behind (largest-remainder dealing), so every split has the same category histogram up to
+    one item per category. Fractions may sum to < 1 (the rest is unused).
+    """
+    fr = np.asarray(fractions, dtype=float)
+    if (fr < 0).any() or fr.sum() > 1 + 1e-9:
+        raise ValueError(f"fractions must be >= 0 and sum to <= 1, got {list(fractions)}")
+    targets = np.append(fr, max(0.0, 1.0 - fr.sum()))
+    rng = np.random.default_rng(seed)
+    labels = np.asarray(labels)
+    out: list[list[int]] = [[] for _ in targets]
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        counts = np.zeros(len(targets))
+        offset = rng.random(len(targets)) * 1e-6  # breaks ties at random, not always toward split 0
+        for j, i in enumerate(idx):
+            s = int(np.argmax(targets * (j + 1) - counts + offset))
+            counts[s] += 1
+            out[s].append(int(i))
+    return [sorted(o) for o in out[:-1]]
+
+
+class TokenizedTexts(torch.utils.data.Dataset):
+    """Items ``{"input_ids", "attention_mask", "category"}`` (unpadded, <= max_len tokens each).
+
+    Each text becomes ``[bos] + tokens + [eos]``, truncated to ``max_len``: the BOS lets the model
+    score the first word, the EOS teaches it where a text ends.
+    """
+
+    def __init__(self, texts: Sequence[str], labels: Sequence[int], tokenizer, max_len: int):
+        self.texts = list(texts)
+        self.labels = [int(c) for c in labels]
+        bos = tokenizer.bos_token_id
+        eos = tokenizer.eos_token_id
+        enc = tokenizer(self.texts, add_special_tokens=False)["input_ids"]
+        self.ids = []
+        for ids in enc:
+            seq = ([bos] if bos is not None else []) + list(ids) + ([eos] if eos is not None else [])
+            self.ids.append(torch.tensor(seq[:max_len], dtype=torch.long))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        ids = self.ids[i]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "category": self.labels[i]}
+
+
+def collate_pad(items: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a list of items to the longest one; padded positions have attention_mask 0."""
+    T = max(int(it["input_ids"].numel()) for it in items)
+    ids = torch.full((len(items), T), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((len(items), T), dtype=torch.long)
+    for b, it in enumerate(items):
+        n = int(it["input_ids"].numel())
+        ids[b, :n] = it["input_ids"]
+        mask[b, :n] = it["attention_mask"]
+    cats = torch.tensor([int(it.get("category", -1)) for it in items], dtype=torch.long)
+    return {"input_ids": ids, "attention_mask": mask, "category": cats}
