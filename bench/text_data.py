@@ -7,6 +7,7 @@ the non-IID client splits). Alpaca-GPT4 (``vicgalle/alpaca-gpt4``) is the DP-Fed
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -104,7 +105,8 @@ def strfile_sources(root: str | os.PathLike) -> list[Path]:
     return out
 
 
-def load_fortunes(root: str | os.PathLike = FORTUNES_DIR, *, min_chars: int = 20, max_chars: int = 600,
+@functools.lru_cache(maxsize=4)
+def load_fortunes(root: str | os.PathLike = str(FORTUNES_DIR), *, min_chars: int = 20, max_chars: int = 600,
                   min_letter_frac: float = 0.6) -> TextCorpus:
     """Every fortune, cleaned, de-duplicated (first occurrence in sorted file order wins), with its
     file as category; texts shorter than ``min_chars`` or longer than ``max_chars`` are dropped.
@@ -120,8 +122,10 @@ def load_fortunes(root: str | os.PathLike = FORTUNES_DIR, *, min_chars: int = 20
         kept = []
         for entry in parse_strfile(path):
             t = clean_text(entry)
+            if not (min_chars <= len(t) <= max_chars) or not _prose_like(t, min_letter_frac):
+                continue
             key = _dedupe_key(t)
-            if not (min_chars <= len(t) <= max_chars) or key in seen or not _prose_like(t, min_letter_frac):
+            if key in seen:
                 continue
             seen.add(key)
             kept.append(t)

@@ -1,0 +1,77 @@
+"""The harness end to end on a toy task: records, n/a, failures, caching and resume."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from bench.runner import plan, run
+from bench.store import Store
+from bench.types import Defense
+from defenses.fedavg import FedAvg
+from defenses.fixed_position import FixedPosition
+from defenses.flrsp import FLRSP
+from tests.toy import ToyLossMIA, ToyMeanRecon, toy_task
+
+
+@dataclass
+class Exploding(FedAvg):
+    name = "exploding"
+
+    def client_step(self, state, ctx):
+        raise RuntimeError("boom")
+
+
+def records(out):
+    return list(Store(out).records())
+
+
+def test_matrix_records_every_cell_with_status(tmp_path):
+    task = toy_task()
+    defenses = [FedAvg(), FLRSP(R=0.8), FixedPosition(), Exploding()]
+    attacks = [ToyLossMIA(), ToyMeanRecon()]
+
+    summary = run([task], defenses, attacks, [0], tmp_path)
+
+    recs = records(tmp_path)
+    assert len(recs) == len(plan([task], defenses, attacks, [0]))
+    by = {(r["defense_label"], r["attack"], r["view"]): r for r in recs}
+    assert by[("fedavg", "toy_loss", "client_model")]["status"] == "ok"
+    assert by[("fixed_position", "toy_recon", "client_update")]["status"] == "n/a"
+    assert "positional" in by[("fixed_position", "toy_recon", "client_update")]["reason"]
+    assert by[("exploding", "toy_loss", "global_model")]["status"] == "failed"
+    assert "boom" in by[("exploding", "toy_loss", "global_model")]["reason"]
+    assert by[("base", "toy_loss", "global_model")]["status"] == "ok"
+    ok = by[("flrsp(R=0.8)", "toy_recon", "client_update")]
+    assert ok["status"] == "ok" and 0 <= ok["metrics"]["ssim"]["value"] <= 1
+    assert ok["cost"]["bytes_up_per_round"] > 0 and "accuracy" in ok["utility"]
+    assert summary.counts["failed"] == sum(r["status"] == "failed" for r in recs)
+
+
+def test_rerun_skips_finished_and_redoes_lost_cells(tmp_path):
+    task = toy_task()
+    defenses, attacks = [FedAvg()], [ToyLossMIA()]
+    run([task], defenses, attacks, [0], tmp_path)
+    victim = next((tmp_path / "records").glob("*/*.json"))
+    before = json.loads(victim.read_text())
+    victim.unlink()  # as if the run was killed before this cell finished
+
+    summary = run([task], defenses, attacks, [0], tmp_path)
+
+    assert summary.counts["skipped"] == len(plan([task], defenses, attacks, [0])) - 1
+    assert summary.counts["ok"] == 1
+    after = json.loads(victim.read_text())
+    assert after["metrics"]["auroc"]["value"] == pytest.approx(before["metrics"]["auroc"]["value"])
+
+
+def test_training_is_cached_and_shared_by_attacks(tmp_path):
+    task = toy_task()
+    run([task], [FedAvg()], [ToyLossMIA()], [0], tmp_path)
+    cached = list((tmp_path / "cache" / "train").glob("*.pt"))
+    assert len(cached) == 1
+    mtime = cached[0].stat().st_mtime
+
+    run([task], [FedAvg()], [ToyLossMIA(), ToyMeanRecon()], [0], tmp_path)
+
+    assert cached[0].stat().st_mtime == mtime
