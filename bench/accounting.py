@@ -17,6 +17,11 @@ from typing import Sequence
 from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 
+# RDP orders: opacus' defaults (1.1 ... 10.9, 12 ... 63) extended towards 1 and upwards, so that the optimum
+# is interior both for the weak-noise regime of large-epsilon papers and for strong noise.
+RDP_ALPHAS: list[float] = ([1 + x / 100.0 for x in range(1, 10)] + [1 + x / 10.0 for x in range(1, 100)]
+                           + [float(a) for a in range(12, 64)] + [64.0, 96.0, 128.0, 256.0, 512.0, 1024.0])
+
 
 def _check_delta(delta: float) -> None:
     if not 0.0 < delta < 1.0:
@@ -70,7 +75,7 @@ def composed_epsilon(noise_multiplier: float, sample_rate: float, steps: int, de
         return math.inf
     acc = create_accountant(mechanism=accountant)
     acc.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
-    return float(acc.get_epsilon(delta=delta))
+    return float(acc.get_epsilon(delta=delta, **_accountant_kwargs(accountant)))
 
 
 def noise_multiplier_for(epsilon: float, delta: float, sample_rate: float, steps: int,
@@ -81,4 +86,8 @@ def noise_multiplier_for(epsilon: float, delta: float, sample_rate: float, steps
     if epsilon <= 0:
         raise ValueError(f"epsilon must be > 0, got {epsilon}")
     return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
-                                      steps=int(steps), accountant=accountant))
+                                      steps=int(steps), accountant=accountant, **_accountant_kwargs(accountant)))
+
+
+def _accountant_kwargs(accountant: str) -> dict:
+    return {"alphas": RDP_ALPHAS} if accountant == "rdp" else {}

@@ -11,6 +11,7 @@ import gzip
 import logging
 import os
 import struct
+import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -76,13 +77,27 @@ class ImageSource:
 
 
 def fashion_mnist(root: str | Path = FASHION_MNIST_DIR) -> ImageSource:
-    """Fashion-MNIST (60k train / 10k test, 28x28 grey) from the Debian package's IDX files."""
+    """Fashion-MNIST (60k train / 10k test, 28x28 grey) from the Debian package's IDX files.
+
+    The decompressed arrays are cached under ``$BENCH_CACHE/data`` keyed by the files' sizes and mtimes
+    (gunzip of the 26 MB image file dominates a smoke run's start-up otherwise).
+    """
     root = Path(root)
-    missing = [f for f in FASHION_MNIST_FILES.values() if not (root / f).is_file()]
+    files = {k: root / f for k, f in FASHION_MNIST_FILES.items()}
+    missing = [p.name for p in files.values() if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"Fashion-MNIST files missing under {root}: {', '.join(missing)} "
                                 f"(apt-get install dataset-fashion-mnist)")
-    arr = {k: read_idx(root / f) for k, f in FASHION_MNIST_FILES.items()}
+    stamp = "-".join(f"{p.stat().st_size}.{int(p.stat().st_mtime)}" for p in files.values())
+    cached = cache_dir("data") / f"fashion-mnist-{zlib.crc32((str(root) + stamp).encode()):08x}.npz"
+    try:
+        with np.load(cached) as z:
+            arr = {k: z[k] for k in files}
+    except (OSError, KeyError, ValueError):
+        arr = {k: read_idx(p) for k, p in files.items()}
+        tmp = cached.with_name(cached.name + f".{os.getpid()}.tmp.npz")
+        np.savez(tmp, **arr)
+        os.replace(tmp, cached)
     return ImageSource("fashion-mnist", str(root), FASHION_MNIST_CLASSES, arr["train_x"], arr["train_y"].astype(np.int64),
                        arr["test_x"], arr["test_y"].astype(np.int64))
 
@@ -146,23 +161,27 @@ def cifar10(root: str | Path | None = None) -> ImageSource:
                        np.asarray(test.data), np.asarray(test.targets, np.int64))
 
 
-def photos(names: Sequence[str], size: int) -> np.ndarray:
-    """scikit-image sample photos, centre-cropped to a square and resized: uint8 [N, size, size, 3]."""
+@lru_cache(maxsize=8)
+def _photos(names: tuple[str, ...], size: int) -> np.ndarray:
     import skimage.data
-    from skimage.transform import resize
+    from PIL import Image
 
     out = []
     for n in names:
         im = getattr(skimage.data, n)()
         if im.ndim == 2:
             im = np.repeat(im[..., None], 3, axis=-1)
-        im = im[..., :3]
+        im = np.ascontiguousarray(im[..., :3])
         h, w = im.shape[:2]
         s = min(h, w)
         im = im[(h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s]
-        im = resize(im, (size, size), anti_aliasing=True, preserve_range=True)
-        out.append(np.clip(np.rint(im), 0, 255).astype(np.uint8))
+        out.append(np.asarray(Image.fromarray(im).resize((size, size), Image.Resampling.LANCZOS)))
     return np.stack(out)
+
+
+def photos(names: Sequence[str], size: int) -> np.ndarray:
+    """scikit-image sample photos, centre-cropped to a square and resized (Lanczos): uint8 [N, size, size, 3]."""
+    return _photos(tuple(names), int(size)).copy()
 
 
 def to_tensor(images: np.ndarray, size: int, mean: Sequence[float], std: Sequence[float]) -> Tensor:

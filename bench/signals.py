@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -291,12 +292,15 @@ def per_sample_grad_norms(api: TaskAPI, model: nn.Module, items: Sequence[Any], 
             for chunk_items in _batches(items, batch_size, desc):
                 if vmap_ok:
                     try:
-                        detached = {n: p.detach() for n, p in params.items()}
+                        detached = {f"model.{n}": p.detach() for n, p in params.items()}
                         out.append(_grad_norms_vmap(wrapper, detached, api.collate(list(chunk_items)), chunk)
                                    .detach().double())
                         continue
-                    except Exception:  # noqa: BLE001 - any vmap incompatibility: use the exact loop
+                    except Exception as e:  # noqa: BLE001 - any vmap incompatibility: use the exact loop
                         vmap_ok = False
+                        warnings.warn(f"per-sample gradients: torch.func.vmap failed ({type(e).__name__}: "
+                                      f"{str(e)[:200]}); falling back to one backward pass per sample",
+                                      RuntimeWarning, stacklevel=2)
                 out.append(_grad_norms_loop(wrapper, params, chunk_items, api.collate).detach().double())
         finally:
             for p in frozen:

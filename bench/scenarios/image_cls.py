@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from bench import data as D
+from bench.assets import AssetMissing
 from bench.fl import split_clients
 from bench.registry import register_scenario
 from bench.task import PRESETS, Task, subset_dataset
@@ -124,27 +125,24 @@ def _source(preset: str) -> D.ImageSource:
     return D.cifar10() if preset == "paper" else D.load_grayscale_source()
 
 
-def _indices(src: D.ImageSource, spec: Spec) -> dict[str, np.ndarray]:
+def _indices(src: D.ImageSource, spec: Spec) -> dict[str, Any]:
     """Disjoint member / non-member / test indices; test from the official test split when there is one."""
     rng = np.random.default_rng(DATA_SEED)
     perm = rng.permutation(len(src.train_x))
-    if src.test_x is not None:
-        need = spec.n_train + (0 if spec.n_nonmembers <= len(src.test_x) - spec.n_test and spec.n_train == len(perm)
-                               else spec.n_nonmembers)
-        if spec.n_train == len(perm):  # paper: every training image is a member; non-members from the test split
-            tperm = rng.permutation(len(src.test_x))
-            _need(src, spec.n_test + spec.n_nonmembers, len(tperm), "test images")
-            return {"train": perm, "nonmembers": tperm[spec.n_test:spec.n_test + spec.n_nonmembers],
-                    "nonmembers_from": "test", "test": tperm[:spec.n_test]}
-        _need(src, need, len(perm), "training images")
-        tperm = rng.permutation(len(src.test_x))
-        _need(src, spec.n_test, len(tperm), "test images")
-        return {"train": perm[:spec.n_train], "nonmembers": perm[spec.n_train:spec.n_train + spec.n_nonmembers],
-                "nonmembers_from": "train", "test": tperm[:spec.n_test]}
-    total = spec.n_train + spec.n_nonmembers + spec.n_test
-    _need(src, total, len(perm), "images")
-    a, b = spec.n_train, spec.n_train + spec.n_nonmembers
-    return {"train": perm[:a], "nonmembers": perm[a:b], "nonmembers_from": "train", "test": perm[b:total]}
+    if src.test_x is None:  # one pool: members | non-members | test
+        a, b = spec.n_train, spec.n_train + spec.n_nonmembers
+        _need(src, b + spec.n_test, len(perm), "images")
+        return {"train": perm[:a], "nonmembers": perm[a:b], "nonmembers_from": "train", "test": perm[b:b + spec.n_test]}
+    tperm = rng.permutation(len(src.test_x))
+    if spec.n_train >= len(perm):  # paper: every training image is a member; non-members from the test split
+        _need(src, spec.n_train, len(perm), "training images")
+        _need(src, spec.n_test + spec.n_nonmembers, len(tperm), "test images")
+        return {"train": perm, "nonmembers": tperm[spec.n_test:spec.n_test + spec.n_nonmembers],
+                "nonmembers_from": "test", "test": tperm[:spec.n_test]}
+    _need(src, spec.n_train + spec.n_nonmembers, len(perm), "training images")
+    _need(src, spec.n_test, len(tperm), "test images")
+    return {"train": perm[:spec.n_train], "nonmembers": perm[spec.n_train:spec.n_train + spec.n_nonmembers],
+            "nonmembers_from": "train", "test": tperm[:spec.n_test]}
 
 
 def _need(src: D.ImageSource, n: int, have: int, what: str) -> None:
@@ -193,9 +191,22 @@ def build(preset: str) -> list[Task]:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
     spec = SPECS[preset]
-    if preset == "paper":
-        weights = {arch: M.paper_weights(arch) for arch in VARIANTS}  # fail at once if missing
-    src = _source(preset)
+    weights: dict[str, dict] = {}
+    if preset == "paper":  # fail at once, naming every missing asset
+        missing = []
+        for arch in VARIANTS:
+            try:
+                weights[arch] = M.paper_weights(arch)
+            except AssetMissing as e:
+                missing.append(str(e))
+        try:
+            src = _source(preset)
+        except AssetMissing as e:
+            missing.append(str(e))
+        if missing:
+            raise AssetMissing("\n".join(missing))
+    else:
+        src = _source(preset)
     idx = _indices(src, spec)
     num_classes = len(src.classes)
     tasks = []
@@ -212,7 +223,7 @@ def build(preset: str) -> list[Task]:
         api = TaskAPI(name=f"image-cls/{arch}", family="image-cls", loss=loss, per_sample_loss=per_sample_loss,
                       collate=collate, info=info,
                       build_model=functools.partial(build_model, arch, preset, spec.img_size, num_classes))
-        model_cfg: dict[str, Any] = {"arch": arch, "seed": MODEL_SEED, "builder": f"models.image.{M.vit.__name__ if arch == 'vit' else 'resnet34'}"}
+        model_cfg: dict[str, Any] = {"arch": arch, "seed": MODEL_SEED, "builder": f"models.image.{arch}"}
         if preset == "paper":
             hub_id, rev = M.PAPER_WEIGHTS[arch]
             model_cfg.update({"pretrained": True, "hub_id": hub_id, "revision": rev, "commit": weights[arch]["commit"]})

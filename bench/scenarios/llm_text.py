@@ -1,0 +1,223 @@
+"""Scenario ``llm-text``: a causal LM fine-tuned with LoRA on private text split over clients.
+
+Members and non-members come from one pool of texts (a stratified held-out split, same category
+histogram), so a membership attack on the un-fine-tuned base model should sit at AUROC 0.5 (the
+distribution-shift check, DESIGN.md s.2). Clients get the member texts by Dirichlet(0.5) over
+categories (Hsu et al. 2019). Presets:
+
+- ``smoke``: tiny random Llama over SmolLM2's tokenizer, a few hundred fortunes, over-fits fast.
+- ``default``: SmolLM2-135M-Instruct + LoRA r=8 on q,v (FedRand's setting: AdamW lr 3e-4, wd 1e-6,
+  batch 8, papers/000 s.5), on the Debian fortunes; a training run takes minutes on 2 CPU cores.
+- ``paper``: LLaMA-2-7B 4-bit on Alpaca-GPT4 with DP-FedLoRA's settings (papers/002 s.V-A).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Subset
+
+from bench.fl import split_clients
+from bench.progress import progress
+from bench.registry import register_scenario
+from bench.task import Task
+from bench.text_data import (ALPACA_GPT4_ID, TextCorpus, TokenizedTexts, collate_pad, load_alpaca_gpt4, load_fortunes,
+                             stratified_split)
+from bench.types import FLConfig, TaskAPI
+from models import llm
+
+
+@dataclass(frozen=True)
+class Preset:
+    model: str  # "tiny-llama" | "smollm2-135m" | "llama-2-7b"
+    data: str  # "fortunes" | "alpaca-gpt4"
+    n_members: int
+    n_nonmembers: int
+    n_test: int
+    max_len: int
+    fl: FLConfig
+    lora_r: int
+    lora_alpha: float
+    lora_dropout: float
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    tiny: dict = field(default_factory=dict)  # tiny_llama sizes (smoke)
+    notes: dict = field(default_factory=dict)  # recorded in the task config, e.g. the lr schedule
+    max_membership: int = 64
+    data_seed: int = 0
+    model_seed: int = 0
+
+
+PRESETS: dict[str, Preset] = {
+    # Over-fits on purpose (many local epochs, high lr, small clients) so that the positive controls of
+    # the membership attacks have something to find; a FedAvg run takes seconds.
+    "smoke": Preset(
+        model="tiny-llama", data="fortunes", n_members=128, n_nonmembers=128, n_test=64, max_len=32,
+        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=6, batch_size=8, lr=1e-2,
+                    optimizer="adamw", weight_decay=0.0, dirichlet_alpha=0.5),
+        lora_r=16, lora_alpha=32, lora_dropout=0.0,
+        lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        tiny=dict(hidden=64, layers=2, heads=4, intermediate=128), max_membership=32),
+    # ~3 s per LoRA step (batch 8 x 64 tokens) on 2 cores: 3 rounds x 2 clients x 15 steps ~ 4-5 min.
+    "default": Preset(
+        model="smollm2-135m", data="fortunes", n_members=480, n_nonmembers=480, n_test=128, max_len=64,
+        fl=FLConfig(num_clients=4, clients_per_round=2, rounds=3, local_epochs=1, batch_size=8, lr=3e-4,
+                    optimizer="adamw", weight_decay=1e-6, dirichlet_alpha=0.5, max_local_steps=15),
+        lora_r=8, lora_alpha=16, lora_dropout=0.05),
+    # DP-FedLoRA s.V-A: 20 clients, 2 per round, 200 rounds of 10 local steps, AdamW, batch 16,
+    # 512 tokens, LoRA r=32 alpha=64; 20,000 Alpaca-GPT4 samples (its public script's --dataset_sample).
+    "paper": Preset(
+        model="llama-2-7b", data="alpaca-gpt4", n_members=20000, n_nonmembers=2000, n_test=1000, max_len=512,
+        fl=FLConfig(num_clients=20, clients_per_round=2, rounds=200, local_epochs=1, batch_size=16, lr=5e-5,
+                    optimizer="adamw", weight_decay=0.0, dirichlet_alpha=None, max_local_steps=10),
+        lora_r=32, lora_alpha=64, lora_dropout=0.05,
+        notes={"lr_schedule": "paper: cosine over rounds from 5e-5 to 1e-6; the harness trains with the "
+                              "constant lr 5e-5", "split": "IID as in OpenFedLLM (Alpaca has no categories)",
+               "loss": "causal-LM loss over the whole prompt + response"}),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# task API: losses and shifted logits
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def lm_logits(model: nn.Module, batch: dict[str, Tensor], part: str = "text") -> tuple[Tensor, Tensor, Tensor]:
+    """(logits [B,T-1,V], targets [B,T-1], mask [B,T-1] bool): ``logits[:, t]`` predicts token t+1;
+    the mask keeps positions whose context token and target token are both real (not padding)."""
+    if part != "text":
+        raise ValueError(f"llm-text has only the part 'text', got {part!r}")
+    dev = _device(model)
+    ids = batch["input_ids"].to(dev)
+    am = batch["attention_mask"].to(dev)
+    out = model(input_ids=ids, attention_mask=am)
+    logits = out.logits[:, :-1].float()
+    return logits, ids[:, 1:], (am[:, 1:] & am[:, :-1]).bool()
+
+
+def token_nll(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    logits, tgt, mask = lm_logits(model, batch)
+    nll = F.cross_entropy(logits.transpose(1, 2), tgt, reduction="none")
+    return nll * mask, mask
+
+
+def lm_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    """Mean next-token cross-entropy over all real tokens of the batch (what HF's ``labels`` loss is)."""
+    nll, mask = token_nll(model, batch)
+    return nll.sum() / mask.sum().clamp(min=1)
+
+
+def lm_per_sample_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    """[B]: each text's mean token NLL (log-perplexity)."""
+    nll, mask = token_nll(model, batch)
+    return nll.sum(1) / mask.sum(1).clamp(min=1)
+
+
+def make_utility(test_data, collate: Callable, batch_size: int) -> Callable[[nn.Module], dict[str, float]]:
+    def utility(model: nn.Module) -> dict[str, float]:
+        """Held-out token-weighted loss and perplexity on ``test_data``."""
+        was_training = model.training
+        model.eval()
+        total, count = 0.0, 0
+        dl = DataLoader(test_data, batch_size=batch_size, shuffle=False, collate_fn=collate)
+        with torch.no_grad():
+            for batch in progress(dl, desc="utility llm-text", leave=False):
+                nll, mask = token_nll(model, batch)
+                total += float(nll.sum())
+                count += int(mask.sum())
+        model.train(was_training)
+        loss = total / max(count, 1)
+        return {"test_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+
+    return utility
+
+
+# ----------------------------------------------------------------------------------------------
+# building blocks per preset
+
+
+def _corpus(p: Preset) -> tuple[TextCorpus, dict[str, Any]]:
+    if p.data == "fortunes":
+        c = load_fortunes()
+        return c, {"data": "debian fortunes + fortunes-min", "data_source": c.source, "corpus_size": len(c)}
+    corpus, commit = load_alpaca_gpt4()
+    return corpus, {"data": ALPACA_GPT4_ID, "data_revision": commit, "corpus_size": len(corpus)}
+
+
+def _tokenizer_and_base(p: Preset) -> tuple[Any, Callable[[], nn.Module], dict[str, Any]]:
+    """The tokenizer and a factory of fresh base models (loaded once, deep-copied per call)."""
+    if p.model == "tiny-llama":
+        tok = llm.default_tokenizer()
+        return tok, (lambda: llm.tiny_llama(tok, p.model_seed, **p.tiny)), {
+            "model": f"tiny-llama(random, seed {p.model_seed}, {p.tiny})", "tokenizer": tok.name_or_path}
+    if p.model == "smollm2-135m":
+        base, tok = llm.smollm2_base()
+        return tok, (lambda: copy.deepcopy(base)), {"model": f"{llm.SMOLLM2_NAME} ({llm.SMOLLM2_PACKAGE} GGUF)"}
+    tok = llm.paper_tokenizer()  # fails at once, naming hub id and revision, when not cached
+    holder: dict[str, nn.Module] = {}
+
+    def paper_base() -> nn.Module:
+        if "m" not in holder:
+            holder["m"] = llm.paper_llm(llm.LLAMA2_ID, llm.LLAMA2_REVISION)[0]
+        return copy.deepcopy(holder["m"])
+
+    return tok, paper_base, {"model": llm.LLAMA2_ID, "model_revision": llm.LLAMA2_REVISION, "quantization": "4-bit nf4"}
+
+
+def build_task(preset: str) -> Task:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
+    p = PRESETS[preset]
+    tok, make_base, model_cfg = _tokenizer_and_base(p)
+    corpus, data_cfg = _corpus(p)
+    n = len(corpus)
+    want = p.n_members + p.n_nonmembers + p.n_test
+    if want > n:
+        raise ValueError(f"preset {preset} needs {want} texts, the corpus has {n}")
+    members, nonmembers, test = stratified_split(corpus.labels, [p.n_members / n, p.n_nonmembers / n, p.n_test / n],
+                                                 seed=p.data_seed)
+
+    def texts(idx: Sequence[int]) -> TokenizedTexts:
+        return TokenizedTexts([corpus.texts[i] for i in idx], [corpus.labels[i] for i in idx], tok, p.max_len)
+
+    member_ds, nonmember_ds, test_ds = texts(members), texts(nonmembers), texts(test)
+    parts = split_clients(member_ds.labels, p.fl.num_clients, p.fl.dirichlet_alpha, seed=p.data_seed)
+    client_data = [Subset(member_ds, idx) for idx in parts]
+    pid = llm.pad_id(tok)
+
+    def collate(items: Sequence[dict[str, Any]]) -> dict[str, Tensor]:
+        return collate_pad(items, pid)
+
+    def build_model() -> nn.Module:
+        """The base LM with fresh LoRA adapters (A from model_seed, B = 0): deterministic."""
+        return llm.add_lora(make_base(), r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
+                            targets=p.lora_targets, seed=p.model_seed)
+
+    probe = make_base()
+    info = {"lora": True, "parts": ("text",), "num_layers": llm.num_layers(probe), "arch": "llama",
+            "lora_r": p.lora_r, "lora_alpha": p.lora_alpha, "lora_targets": p.lora_targets,
+            "vocab_size": int(probe.config.vocab_size), "max_len": p.max_len, "pad_id": pid,
+            "num_categories": len(corpus.categories)}
+    del probe
+    api = TaskAPI(name="llm-text", family="llm-text", loss=lm_loss, per_sample_loss=lm_per_sample_loss,
+                  collate=collate, build_model=build_model, info=info, logits=lm_logits)
+    config = {**model_cfg, **data_cfg, "max_len": p.max_len, "n_members": len(member_ds),
+              "n_nonmembers": len(nonmember_ds), "n_test": len(test_ds), "client_sizes": [len(c) for c in parts],
+              "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
+              "data_seed": p.data_seed, "model_seed": p.model_seed, **p.notes}
+    return Task(scenario="llm-text", variant="", preset=preset, api=api, fl=p.fl, client_data=client_data,
+                test_data=test_ds, utility=make_utility(test_ds, collate, p.fl.batch_size), nonmembers=nonmember_ds,
+                central_data=member_ds, central_epochs=p.fl.local_epochs, max_membership=p.max_membership,
+                config=config)
+
+
+@register_scenario(name="llm-text")
+def build(preset: str) -> list[Task]:
+    return [build_task(preset)]
