@@ -14,10 +14,13 @@ All targets of one ``run_batch`` call are optimised jointly: ``torch.func.vmap``
 iteration is one batched call (DESIGN.md s.7, "batch reconstruction attacks over targets").
 
 Modelling choices (documented for the leaderboard reader):
-- The model is inverted in the mode the client used (``model_mode="train"``, as ``bench.fl``
-  computes updates). Train-mode BatchNorm normalises with the batch's own statistics; when a layer
-  has a single value per channel (batch 1, 1x1 feature map) torch refuses it in train mode, so the
-  client could not have used it either: the attack then falls back to eval mode and says so.
+- The model is inverted in the mode the client used: ``model_mode="auto"`` reads
+  ``obs.public["model_mode"]`` and defaults to "train" (``bench.fl`` computes updates in train
+  mode). Train-mode BatchNorm normalises with the batch's own statistics; when a layer has a single
+  value per channel (batch 1, 1x1 feature map) torch refuses it in train mode, so the client could
+  not have used it either: the attack then falls back to eval mode and says so. Note: with batch 1,
+  train-mode BatchNorm is an instance norm at every layer and inversion converges far more slowly
+  than against eval-mode BatchNorm (the setting of Geiping et al.'s own code).
 - Only the parameters present in the message are matched (a defense may withhold some). Exact
   zeros are matched as zeros by default, as the standard attack the FLRSP paper ran does; the
   adaptive variant ``mask_zeros=True`` ignores them (an honest-but-curious server knows FLRSP's
@@ -185,6 +188,7 @@ class _Job:
     batch: int
     unroll: int
     lr: float
+    mode: str
 
 
 @register_attack
@@ -204,8 +208,9 @@ class InvertingGradients(Attack):
     boxed: bool = True
     lr_decay: bool = True
     init: Literal["randn", "rand", "zeros"] = "randn"
+    similarity: Literal["global", "per_param"] = "global"
     mask_zeros: bool = False
-    model_mode: Literal["train", "eval"] = "train"
+    model_mode: Literal["auto", "train", "eval"] = "auto"
     unroll_local_steps: bool = True
     seed: int = 0
 
@@ -255,8 +260,11 @@ class InvertingGradients(Attack):
         labels, source = infer_labels(targets, obs.model, obs.api.info.get("num_classes"), batch)
         unroll = info["local_steps"] if (info["kind"] == "weights" and self.unroll_local_steps) else 1
         info.pop("zero_weights", None)
+        mode = self.model_mode if self.model_mode != "auto" else str(obs.public.get("model_mode") or "train")
+        if mode not in ("train", "eval"):
+            raise ValueError(f"model_mode must be train or eval, got {mode!r}")
         return _Job(obs, {n: targets[n] for n in names}, masks, labels, source, info, names, batch, unroll,
-                    float(info.get("lr", 1.0)))
+                    float(info.get("lr", 1.0)), mode)
 
     # -- the batched optimisation -----------------------------------------------------------
 
@@ -264,7 +272,7 @@ class InvertingGradients(Attack):
         api = jobs[0].obs.api
         shape = tuple(api.info["input_shape"])
         batch, unroll, step_lr, names = jobs[0].batch, jobs[0].unroll, jobs[0].lr, jobs[0].names
-        model, mode = attacker_copy(jobs[0].obs.model, self.model_mode)
+        model, mode = attacker_copy(jobs[0].obs.model, jobs[0].mode)
         mode_note = mode
         if mode == "train" and not _forward_ok(model, shape, batch):
             model, mode = attacker_copy(jobs[0].obs.model, "eval")
@@ -272,6 +280,7 @@ class InvertingGradients(Attack):
         p0 = {n: p.detach() for n, p in model.named_parameters() if n in names}
         lo, hi = box(api, shape[0])
         tv_w = self.tv
+        per_param = self.similarity == "per_param"
 
         def task_loss(p, x, y):
             return F.cross_entropy(functional_call(model, p, (x,), strict=False), y)
@@ -287,15 +296,18 @@ class InvertingGradients(Attack):
 
         def objective(x, y, target, mask):
             g = simulated_update(x, y)
-            dot = torch.zeros(())
-            gn = torch.zeros(())
-            tn = torch.zeros(())
+            dots, gns, tns = [], [], []
             for n in names:
                 gi = g[n] * mask[n] if mask is not None else g[n]
-                dot = dot + (gi * target[n]).sum()
-                gn = gn + gi.pow(2).sum()
-                tn = tn + target[n].pow(2).sum()
-            match = 1 - dot / (gn.sqrt() * tn.sqrt() + 1e-12)
+                dots.append((gi * target[n]).sum())
+                gns.append(gi.pow(2).sum())
+                tns.append(target[n].pow(2).sum())
+            dot, gn, tn = torch.stack(dots), torch.stack(gns), torch.stack(tns)
+            if per_param:  # every parameter tensor counts equally (layer-wise cosine)
+                w = (tn > 0).float()
+                match = ((1 - dot / (gn.sqrt() * tn.sqrt() + 1e-12)) * w).sum() / w.sum().clamp_min(1)
+            else:  # Geiping et al. 2020 Eq. 4: one cosine over the whole gradient vector
+                match = 1 - dot.sum() / (gn.sum().sqrt() * tn.sum().sqrt() + 1e-12)
             return match + tv_w * total_variation(x), match
 
         R, T = self.restarts, len(jobs)
@@ -346,7 +358,8 @@ def _groups(jobs: list[_Job]) -> list[list[int]]:
     for i, j in enumerate(jobs):
         for g in groups:
             k = jobs[g[0]]
-            if (k.names, k.batch, k.unroll, k.lr, k.masks is None) == (j.names, j.batch, j.unroll, j.lr, j.masks is None) \
+            if (k.names, k.batch, k.unroll, k.lr, k.mode, k.masks is None) == \
+                    (j.names, j.batch, j.unroll, j.lr, j.mode, j.masks is None) \
                     and _same_model(k.obs.model, j.obs.model):
                 g.append(i)
                 break

@@ -19,7 +19,7 @@ from opacus.accountants.utils import get_noise_multiplier
 
 # RDP orders: opacus' defaults (1.1 ... 10.9, 12 ... 63) extended towards 1 and upwards, so that the optimum
 # is interior both for the weak-noise regime of large-epsilon papers and for strong noise.
-RDP_ALPHAS: list[float] = ([1 + x / 100.0 for x in range(1, 10)] + [1 + x / 10.0 for x in range(1, 100)]
+RDP_ALPHAS: list[float] = ([1.01, 1.02, 1.05] + [1 + x / 10.0 for x in range(1, 100)]
                            + [float(a) for a in range(12, 64)] + [64.0, 96.0, 128.0, 256.0, 512.0, 1024.0])
 
 

@@ -142,6 +142,9 @@ def parse_value(raw: str, typ: Any, where: str) -> Any:
             if str(a) == raw:
                 return a
         raise UsageError(f"{where}: {raw!r} is not one of {', '.join(map(str, args))}")
+    if origin is tuple:  # "0+10+20" (or a lone value) for tuple[int, ...] fields
+        inner = args[0] if args else str
+        return tuple(parse_value(v, inner, where) for v in raw.replace("+", ",").split(",") if v)
     if typ is bool:
         if raw.lower() in ("1", "true", "yes", "on"):
             return True
@@ -190,12 +193,29 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     return head, params
 
 
+def split_specs(arg: str, names: list[str]) -> list[str]:
+    """Split a comma list of specs; a numeric continuation (``ks=0,10``) stays with its spec."""
+    import re
+
+    out: list[str] = []
+    for tok in (t.strip() for t in arg.split(",")):
+        if not tok:
+            continue
+        head = tok.split(":", 1)[0]
+        value_like = re.fullmatch(r"[-+0-9.eE]+|inf|nan", head) is not None
+        if out and value_like and "=" in out[-1]:
+            out[-1] += "," + tok
+        else:
+            out.append(tok)
+    return out
+
+
 def expand(registry: Registry, arg: str) -> list[Any]:
     """A CLI list (``all``, names, ``name:k=v``, paths) -> instantiated configurations.
 
     A bare name expands to the method's ``grid`` (its paper's settings); params pin one config.
     """
-    specs = registry.names() if arg.strip() == "all" else [s.strip() for s in arg.split(",") if s.strip()]
+    specs = registry.names() if arg.strip() == "all" else split_specs(arg, registry.names())
     if not specs:
         raise UsageError(f"no {registry.kind} given. Valid choices: all, {', '.join(registry.names())}")
     out = []

@@ -59,6 +59,11 @@ class FedAvg:
     def step(self, x: State, target: State) -> State:
         return {k: x[k] + self.lr * (target[k] - x[k]) for k in x}
 
+    @property
+    def plain_average(self) -> bool:
+        """True when :meth:`step` returns ``target`` itself (lets callers skip forming x)."""
+        return type(self).step is FedAvg.step and self.lr == 1.0
+
     def end_round(self, ctx) -> None:
         """Server bookkeeping after the round's step (SCAFFOLD's control update)."""
 

@@ -40,13 +40,20 @@ def renyi_entropy(logp: Tensor, alpha: float) -> Tensor:
     alpha = 1 is the Shannon limit -sum p log p, alpha = inf the min-entropy -log max p (Rényi 1961;
     the per-token quantity of MaxRényi-K%, papers/000 Eq. 11 / Li et al. 2024). Natural log.
     """
+    return _renyi(logp, logp.exp(), alpha)
+
+
+def _renyi(logp: Tensor, p: Tensor, alpha: float) -> Tensor:
     if alpha < 0:
         raise ValueError(f"Rényi order must be >= 0, got {alpha}")
     if alpha == 1:
-        p = logp.exp()
-        return -(torch.where(p > 0, p * logp, torch.zeros_like(p))).sum(-1)
+        return -torch.where(p > 0, p * logp, torch.zeros((), dtype=p.dtype)).sum(-1)
     if math.isinf(alpha):
         return -logp.max(-1).values
+    if alpha == 2:  # sum p^2 >= 1/V: no underflow, one pass cheaper than logsumexp
+        return -(p * p).sum(-1).log()
+    if alpha == 0.5:  # sum sqrt(p) >= 1
+        return 2.0 * p.sqrt().sum(-1).log()
     return torch.logsumexp(alpha * logp, dim=-1) / (1.0 - alpha)
 
 
@@ -57,17 +64,30 @@ def modified_renyi_entropy(logp: Tensor, target: Tensor, alpha: float) -> Tensor
     MH_a = -1/|1-a| [ (1-p_y) p_y^|1-a| - (1-p_y) + sum_{j!=y} p_j ((1-p_j)^|1-a| - 1) ],
     MH_1 = -(1-p_y) log p_y - sum_{j!=y} p_j log(1-p_j).    ``logp`` [..., V], ``target`` [...].
     """
-    p = logp.exp()
-    py = p.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    logpy = logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    others = torch.ones_like(p, dtype=torch.bool).scatter_(-1, target.unsqueeze(-1), False)
-    log1mp = torch.log1p(-p.clamp(max=1 - 1e-12))
+    return _mod_renyi(_mod_terms(logp, target), alpha)
+
+
+def _mod_terms(logp: Tensor, target: Tensor, p: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Shared pieces of ModRényi for every order: p_y, log p_y, and p_j off the target (0 at j = y)."""
+    p = logp.exp() if p is None else p
+    idx = target.unsqueeze(-1)
+    py, logpy = p.gather(-1, idx).squeeze(-1), logp.gather(-1, idx).squeeze(-1)
+    return py, logpy, p.scatter(-1, idx, 0.0)
+
+
+def _mod_renyi(terms: tuple[Tensor, Tensor, Tensor], alpha: float) -> Tensor:
+    py, logpy, p_off = terms
     if alpha == 1:
-        return -(1 - py) * logpy - torch.where(others, p * log1mp, torch.zeros_like(p)).sum(-1)
+        return -(1 - py) * logpy - (p_off * torch.log1p(-p_off.clamp(max=1 - 1e-12))).sum(-1)
     a = abs(1.0 - alpha)
     head = (1 - py) * torch.expm1(a * logpy)  # (1-p_y)(p_y^a - 1)
-    tail = torch.where(others, p * torch.expm1(a * log1mp), torch.zeros_like(p)).sum(-1)
-    return -(head + tail) / a
+    if a == 1:  # alpha = 2 (or 0): (1-p_j) - 1 = -p_j
+        tail = -(p_off * p_off).sum(-1)
+    elif a == 0.5:  # alpha = 0.5 or 1.5
+        tail = (p_off * ((1 - p_off).clamp(min=0).sqrt() - 1)).sum(-1)
+    else:
+        tail = (p_off * torch.expm1(a * torch.log1p(-p_off.clamp(max=1 - 1e-12)))).sum(-1)
+    return -(head + tail) / a  # tail = sum_{j!=y} p_j ((1-p_j)^a - 1)
 
 
 def masked_topk_mean(values: Tensor, mask: Tensor, k_percent: float, *, largest: bool) -> Tensor:
@@ -129,11 +149,13 @@ def _batches(items: Sequence[Any], batch_size: int, desc: str) -> Iterator[Seque
 
 def _token_rows(logp: Tensor, tgt: Tensor | None, alphas: Sequence[float],
                 mod_alphas: Sequence[float]) -> dict[str, Tensor]:
-    out = {f"H{a}": renyi_entropy(logp, a) for a in alphas}
+    p = logp.exp()
+    out = {f"H{a}": _renyi(logp, p, a) for a in alphas}
     if tgt is not None:
         out["logprob"] = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+        terms = _mod_terms(logp, tgt, p) if mod_alphas else None
         for a in mod_alphas:
-            out[f"M{a}"] = modified_renyi_entropy(logp, tgt, a)
+            out[f"M{a}"] = _mod_renyi(terms, a)
     return out
 
 

@@ -8,9 +8,11 @@ A~ = [A~_1; ...; A~_K], so B~ A~ = sum_k p_k B~_k A~_k exactly (p_k = n_k / sum 
 paper's Eq. 3 is the plain sum of fresh per-round adapters, ours start from the global one). The paper
 then broadcasts the rank-(sum r_k) pair and never maps it back to rank r; a fixed-shape global LoRA needs
 that step, and we take the best rank-r approximation of the stacked product (truncated SVD, Eckart-Young;
-B = U_r S_r, A = V_r^T). This is lossless when sum r_k <= r, otherwise the relative truncation error is
-logged as ``dp_fedlora/svd_rel_err``. Server optimizers act on the dense product Delta W = B A of each module
-(pseudo-gradient = stacked product - current B A), so their state does not depend on the factorisation.
+B = U_r S_r, A = V_r^T; computed from the stacked factors by QR, without forming the product). This is
+lossless when sum r_k <= r, otherwise the relative truncation error is logged as ``dp_fedlora/svd_rel_err``.
+Server optimizers other than plain averaging act on the dense product Delta W = B A of each module
+(pseudo-gradient = stacked product - current B A), so their state does not depend on the factorisation;
+that path needs an SVD of the dense result (randomized above 256 rows/columns, see bench.lora.factor_rank_r).
 ``aggregation="average"`` instead averages A and B separately with the optimizer acting on the factors,
 which is what the authors' released code does (OpenFedLLM's global_aggregate).
 
@@ -34,7 +36,8 @@ from torch import Tensor
 
 from bench.accounting import combined_noise_multiplier, composed_epsilon, gaussian_epsilon, gaussian_sigma
 from bench.fl import current, local_train
-from bench.lora import factor_rank_r, lora_pairs, lora_product, requires_lora, split_names, stack_pairs
+from bench.lora import (factor_rank_r, factor_stacked_rank_r, lora_pairs, lora_product, requires_lora, split_names,
+                        stack_pairs)
 from bench.registry import register_defense
 from bench.server_opt import FedAvg, make_server_opt
 from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx
@@ -153,16 +156,19 @@ class DPFedLoRA(Defense):
             new.update(opt.step({n: global_state[n] for n in global_state}, target))
         else:
             pairs = lora_pairs(global_state)
-            x, target = {}, {}
-            for p in pairs:
-                b_stack, a_stack = stack_pairs([m.tensors[p.b] for m in msgs], [m.tensors[p.a] for m in msgs], w)
-                target[p.module] = b_stack @ a_stack  # Eq. 12-14: sum_k p_k B~_k A~_k
-                x[p.module] = lora_product(global_state[p.b], global_state[p.a])
-            dense = opt.step(x, target)
+            stacks = {}
+            for p in pairs:  # Eq. 12-13, with B~ A~ = sum_k p_k B~_k A~_k
+                stacks[p.module] = stack_pairs([m.tensors[p.b] for m in msgs], [m.tensors[p.a] for m in msgs], w)
+            if not opt.plain_average:  # the optimizer steps on the dense products Delta W
+                x = {p.module: lora_product(global_state[p.b], global_state[p.a]) for p in pairs}
+                dense = opt.step(x, {k: b_s @ a_s for k, (b_s, a_s) in stacks.items()})
             errs = []
             for p in pairs:
                 a_old, b_old = global_state[p.a], global_state[p.b]
-                b_new, a_new, err = factor_rank_r(dense[p.module], a_old.shape[0])
+                if opt.plain_average:
+                    b_new, a_new, err = factor_stacked_rank_r(*stacks[p.module], a_old.shape[0])
+                else:
+                    b_new, a_new, err = factor_rank_r(dense[p.module], a_old.shape[0])
                 new[p.b] = b_new.reshape(b_old.shape).to(b_old.dtype)
                 new[p.a] = a_new.reshape(a_old.shape).to(a_old.dtype)
                 errs.append(err)

@@ -14,7 +14,7 @@ os.environ.setdefault("BENCH_QUIET", "1")
 
 from bench.accounting import composed_epsilon  # noqa: E402
 from bench.fl import current, load_state, run_federated  # noqa: E402
-from bench.lora import (factor_rank_r, layer_index, lora_pairs, lora_product, requires_lora,  # noqa: E402
+from bench.lora import (factor_rank_r, factor_stacked_rank_r, layer_index, lora_pairs, lora_product, requires_lora,  # noqa: E402
                         split_names, stack_pairs)
 from bench.server_opt import (SERVER_OPTIMIZERS, FedAdagrad, FedAdam, FedAvg, FedAvgM, FedProx,  # noqa: E402
                               FedYogi, Scaffold, make_server_opt)
@@ -360,6 +360,20 @@ def test_rank_r_factorisation_is_eckart_young():
     assert torch.allclose(b @ a, low, atol=1e-5) and err < 1e-6
 
 
+def test_stacked_factorisation_matches_dense_and_randomized_is_near_optimal():
+    g = torch.Generator().manual_seed(4)
+    b_s, a_s = torch.randn(40, 8, generator=g), torch.randn(8, 30, generator=g)
+    b1, a1, e1 = factor_stacked_rank_r(b_s, a_s, 4)
+    b2, a2, e2 = factor_rank_r(b_s @ a_s, 4, exact=True)
+    assert torch.allclose(b1 @ a1, b2 @ a2, atol=1e-4) and math.isclose(e1, e2, rel_tol=1e-4)
+    assert torch.allclose(a1 @ a1.T, torch.eye(4), atol=1e-5)
+    decay = torch.tensor([0.7 ** i for i in range(40)])
+    big = (torch.randn(300, 40, generator=g) * decay) @ torch.randn(40, 300, generator=g)
+    _, _, e = factor_rank_r(big, 4)  # min(shape) > 256: randomized SVD
+    s = torch.linalg.svdvals(big)
+    assert e <= 1.01 * float(s[4:].norm() / s.norm())
+
+
 def _pair_msgs(rank_content: int):
     """Two clients, one module with rank-4 LoRA shapes, each carrying rank ``rank_content`` content."""
     g = torch.Generator().manual_seed(2)
@@ -390,6 +404,19 @@ def test_dp_fedlora_stack_aggregation_is_exact_when_rank_fits():
     # the authors'-code variant averages the factors
     avg = DPFedLoRA(aggregation="average").aggregate(glob, msgs, ctx)
     assert torch.allclose(avg[A1], 0.25 * msgs[0].tensors[A1] + 0.75 * msgs[1].tensors[A1])
+
+
+def test_dp_fedlora_stateful_server_step_on_dense_products():
+    glob = {A1: torch.randn(4, 5), B1: torch.zeros(6, 4)}  # global product 0
+    ctx = SimpleNamespace(fl=FLConfig(num_clients=2), log_value=lambda *a: None)
+    msgs = _pair_msgs(2)
+    target = 0.25 * msgs[0].tensors[B1] @ msgs[0].tensors[A1] + 0.75 * msgs[1].tensors[B1] @ msgs[1].tensors[A1]
+    new = DPFedLoRA(server_lr=0.5).aggregate(glob, msgs, ctx)  # x + 0.5 (target - x), rank 4 fits
+    assert torch.allclose(new[B1] @ new[A1], 0.5 * target, atol=1e-5)
+    d = DPFedLoRA(server_opt="fedavgm")
+    p1 = d.aggregate(glob, msgs, ctx)
+    p2 = d.aggregate(p1, msgs, ctx)  # same clients again: Delta = 0, momentum carries v = beta * target
+    assert torch.allclose(p2[B1] @ p2[A1], target * 1.9, atol=1e-4)
 
 
 def test_clip_frobenius_bounds():

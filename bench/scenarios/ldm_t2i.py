@@ -1,0 +1,319 @@
+"""Scenario ``ldm-t2i``: LoRA adaptation of a text-to-image latent diffusion model on private images, the
+setting of papers/004 (MP-LoRA / SMP-LoRA), also run federated by the LoRA defenses of the other papers.
+
+Private data is split as papers/004 Table 4: members D_tr = D_aux^m u D_te^m (what the LoRA is adapted
+on), non-members D_aux^nm u D_te^nm, all drawn from one pool (so an attack on the un-adapted base model
+sits at AUROC 0.5); D_aux = D_aux^m u D_aux^nm is the defender's proxy data (``task.extras``) and the
+evaluation attacker's h' training set (App. E). A further held-out split gives the utility: held-out
+denoising loss and FID / KID (EfficientNet-Lite0 features) of images generated from its captions.
+
+- ``smoke``: a tiny random-initialised VAE + UNet (32 px canvases, 8x8x4 latents), hashed bag-of-words
+  text; 4 x 32 private images; seconds per training run.
+- ``default``: a small VAE + UNet pre-trained once from scratch on a public split of Fashion-MNIST
+  (the 60k training images; the private pool is the 10k test images, so the two are disjoint), cached
+  by config hash; captions from :mod:`bench.captions`, encoded by all-MiniLM-L6-v2; 4 x 64 private images.
+- ``paper``: Stable Diffusion v1.5 on the BLIP-captioned Pokemon images with Table 5's settings (rank 64,
+  alpha 32, 512 px, batch 1, lr 1e-4, 400 epochs), 200/200/200/233 split (Table 4); local files only.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset, Subset
+
+from bench import captions as cap
+from bench.assets import AssetMissing
+from bench.fl import split_clients
+from bench.progress import progress
+from bench.registry import register_scenario
+from bench.task import Task
+from bench.types import FLConfig, TaskAPI
+from bench.utility_gen import make_generation_utility, mean_loss
+from models import ldm
+
+PAPER_DATA_ENV = "BENCH_LDM_PAPER_DATA"
+PAPER_DATA_REPO = "WilliamLUO0/StablePrivateLoRA"  # papers/004's code; dataset/Pokemon/1_pokemon: 833 png + BLIP txt
+PAPER_DATA_COMMIT = "c3182917b91862aa7883bddcd0570faaadb11833"
+
+
+@dataclass(frozen=True)
+class Preset:
+    model: ldm.LDMConfig
+    n_aux_m: int
+    n_te_m: int
+    n_aux_nm: int
+    n_te_nm: int
+    n_heldout: int
+    fl: FLConfig
+    central_epochs: int
+    n_public: int = 0  # pre-training images (default preset)
+    gen_steps: int = 20
+    guidance: float = 2.0
+    max_membership: int = 64
+    data_seed: int = 0
+    model_seed: int = 0
+    notes: dict = field(default_factory=dict)
+
+
+PRESETS: dict[str, Preset] = {
+    # Random tiny model: the LoRA learns fast at lr 5e-3; 8 epochs of 64 images ~ 64 steps.
+    "smoke": Preset(
+        model=ldm.LDMConfig(vae_channels=(8, 8, 16), unet_channels=(16, 32), text="hash", text_dim=32, text_len=12,
+                            lora_r=4, lora_alpha=4.0),
+        n_aux_m=32, n_te_m=32, n_aux_nm=32, n_te_nm=32, n_heldout=16,
+        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=4, batch_size=8, lr=5e-3,
+                    optimizer="adamw", weight_decay=0.0),
+        central_epochs=8, gen_steps=4, max_membership=32),
+    # Pre-trained base (see load_or_pretrain); 40 epochs of 128 members over-fit the LoRA somewhat.
+    "default": Preset(
+        model=ldm.LDMConfig(vae_channels=(8, 16, 32), unet_channels=(32, 64), text="minilm", text_dim=384,
+                            text_len=16, lora_r=8, lora_alpha=4.0, vae_steps=600, vae_batch=32,
+                            unet_steps=1500, unet_batch=64),
+        n_aux_m=64, n_te_m=64, n_aux_nm=64, n_te_nm=64, n_heldout=128, n_public=10000,
+        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=10, local_epochs=4, batch_size=8, lr=1e-3,
+                    optimizer="adamw", weight_decay=0.0),
+        central_epochs=40, gen_steps=20, max_membership=64),
+    # papers/004 Table 4 (Pokemon) and Table 5.
+    "paper": Preset(
+        model=ldm.LDMConfig(image_size=512, text="clip", text_dim=768, text_len=77, lora_r=64, lora_alpha=32.0),
+        n_aux_m=200, n_te_m=200, n_aux_nm=200, n_te_nm=233, n_heldout=0,
+        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=100, local_epochs=4, batch_size=1, lr=1e-4,
+                    optimizer="adamw", weight_decay=0.0),
+        central_epochs=400, gen_steps=50, guidance=7.5, max_membership=200,
+        notes={"lr_schedule": "constant (Table 5)", "proxy_lr_eta1": 1e-5,
+               "utility": "FID/KID against D_te^nm images (no separate held-out split in Table 4)"}),
+}
+
+
+class Items(Dataset):
+    """A list of items ``{"image", "text", "caption", "label", "attrs"}`` (see :func:`models.ldm.collate`)."""
+
+    def __init__(self, items: Sequence[dict[str, Any]]):
+        self.items = list(items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.items[i]
+
+    @property
+    def labels(self) -> list[int]:
+        return [int(it["label"]) for it in self.items]
+
+
+# ----------------------------------------------------------------------------------------------
+# Fashion-MNIST items with grounded captions
+
+
+def _fashion():
+    from bench.data import fashion_mnist
+
+    try:
+        return fashion_mnist()
+    except FileNotFoundError as e:
+        raise AssetMissing(f"ldm-t2i needs Fashion-MNIST: {e}") from None
+
+
+def render_items(images: np.ndarray, labels: np.ndarray, *, seed: int, split: int, canvas: int
+                 ) -> tuple[list[Tensor], list[str], list[int], list[dict]]:
+    """Augment each 28x28 image with its own generator (seed, split, index): deterministic per image."""
+    ims, caps, labs, attrs = [], [], [], []
+    for i in range(len(images)):
+        rng = np.random.default_rng([seed, split, i])
+        x, a = cap.augment(images[i], rng, canvas=canvas)
+        ims.append(x)
+        caps.append(cap.caption(cap.CLASS_NAMES[int(labels[i])], a))
+        labs.append(int(labels[i]))
+        attrs.append(a.as_dict())
+    return ims, caps, labs, attrs
+
+
+def make_items(cfg: ldm.LDMConfig, images: np.ndarray, labels: np.ndarray, *, seed: int, split: int) -> list[dict]:
+    ims, caps, labs, attrs = render_items(images, labels, seed=seed, split=split, canvas=cfg.image_size)
+    states = ldm.encode_captions(cfg, caps)
+    return [{"image": x.half(), "text": states[c].half(), "caption": c, "label": y, "attrs": a}
+            for x, c, y, a in zip(ims, caps, labs, attrs)]
+
+
+def private_splits(p: Preset) -> dict[str, list[dict]]:
+    """D_aux^m, D_te^m, D_aux^nm, D_te^nm and the held-out set: disjoint slices of one permutation of the
+    Fashion-MNIST test images (the private pool), rendered with per-image augmentations."""
+    src = _fashion()
+    sizes = {"aux_members": p.n_aux_m, "te_members": p.n_te_m, "aux_nonmembers": p.n_aux_nm,
+             "te_nonmembers": p.n_te_nm, "heldout": p.n_heldout}
+    need = sum(sizes.values())
+    if need > len(src.test_x):
+        raise ValueError(f"the private pool has {len(src.test_x)} images, the preset needs {need}")
+    perm = np.random.default_rng(p.data_seed).permutation(len(src.test_x))[:need]
+    items = make_items(p.model, src.test_x[perm], src.test_y[perm], seed=p.data_seed, split=1)
+    for it, idx in zip(items, perm):
+        it["source_index"] = int(idx)
+    out, start = {}, 0
+    for name, n in sizes.items():
+        out[name] = items[start:start + n]
+        start += n
+    return out
+
+
+def public_data(p: Preset) -> tuple[Tensor, Tensor, Tensor]:
+    """The pre-training set: ``n_public`` Fashion-MNIST *training* images (disjoint from the private pool),
+    augmented and captioned: (images [N,3,H,W] fp16, unique caption states [U,L,D] fp16, index [N])."""
+    src = _fashion()
+    idx = np.random.default_rng(p.data_seed + 1).permutation(len(src.train_x))[: p.n_public]
+    ims, caps, _, _ = render_items(src.train_x[idx], src.train_y[idx], seed=p.data_seed, split=0,
+                                   canvas=p.model.image_size)
+    states = ldm.encode_captions(p.model, caps)
+    unique = sorted(states)
+    row = {c: i for i, c in enumerate(unique)}
+    return (torch.stack(ims).half(), torch.stack([states[c] for c in unique]).half(),
+            torch.tensor([row[c] for c in caps], dtype=torch.long))
+
+
+def public_spec(p: Preset) -> dict[str, Any]:
+    return {"source": "fashion-mnist train (Debian dataset-fashion-mnist)", "n": p.n_public, "seed": p.data_seed,
+            "captions": "bench.captions v1", "text": p.model.text}
+
+
+# ----------------------------------------------------------------------------------------------
+# the task
+
+
+def _base_factory(p: Preset):
+    """A function returning a fresh copy of the (cached) base model; the base is built on first use."""
+    holder: dict[str, ldm.LatentDiffusion] = {}
+
+    def base() -> ldm.LatentDiffusion:
+        if "m" not in holder:
+            if p.model.vae_steps or p.model.unet_steps:
+                res, path = ldm.load_or_pretrain(p.model, public_spec(p), lambda: public_data(p))
+                holder["m"] = ldm.base_from(p.model, res)
+                holder["log"] = res.log  # type: ignore[assignment]
+            else:
+                holder["m"] = ldm.random_base(p.model)
+        return copy.deepcopy(holder["m"])
+
+    base.holder = holder  # type: ignore[attr-defined]
+    return base
+
+
+def build_task(preset: str) -> Task:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
+    p = PRESETS[preset]
+    if preset == "paper":
+        return _paper_task(p)
+    splits = private_splits(p)
+    make_base = _base_factory(p)
+    return _assemble("ldm-t2i", preset, p, splits, make_base, ldm.generate,
+                     {"model": "tiny random LDM (diffusers AutoencoderKL + UNet2DConditionModel)" if preset == "smoke"
+                      else "small LDM pre-trained from scratch on public Fashion-MNIST",
+                      "text_encoder": "hashed bag of words" if p.model.text == "hash" else "all-MiniLM-L6-v2 "
+                      f"({ldm.MINILM_PACKAGE})", "ldm": p.model.arch(),
+                      "pretrain_data": public_spec(p) if p.model.unet_steps else None,
+                      "private_pool": "fashion-mnist test split (10k)"})
+
+
+def _assemble(name: str, preset: str, p: Preset, splits: dict[str, list[dict]], make_base, generate,
+              model_cfg: dict[str, Any], n_blocks: int | None = None) -> Task:
+    members = Items(splits["aux_members"] + splits["te_members"])
+    nonmembers = Items(splits["aux_nonmembers"] + splits["te_nonmembers"])
+    heldout = Items(splits["heldout"] or splits["te_nonmembers"])
+    parts = split_clients(members.labels, p.fl.num_clients, p.fl.dirichlet_alpha, seed=p.data_seed)
+    client_data = [Subset(members, idx) for idx in parts]
+
+    def build_model() -> nn.Module:
+        """The base LDM with fresh LoRA on the UNet attention projections (B = 0: equals the base)."""
+        return ldm.add_lora(make_base(), r=p.model.lora_r, alpha=p.model.lora_alpha, targets=p.model.lora_targets,
+                            seed=p.model_seed)
+
+    if n_blocks is None:  # transformer blocks: lpb per down level, lpb + 1 per up level, one in the middle
+        n_blocks = len(p.model.unet_channels) * (2 * p.model.layers_per_block + 1) + 1
+    info = {"lora": True, "num_layers": n_blocks, "arch": "unet", "parts": (),
+            "lora_r": p.model.lora_r, "lora_alpha": p.model.lora_alpha, "lora_targets": p.model.lora_targets,
+            "image_size": p.model.image_size, "num_timesteps": p.model.num_train_timesteps,
+            "loss_at_timestep": ldm.loss_at_timestep, "denoise_error": ldm.denoise_error,
+            "eval_timesteps": tuple(ldm.eval_timesteps(p.model.num_train_timesteps)), "aux_sets": True}
+    api = TaskAPI(name=name, family="ldm-t2i", loss=ldm.train_loss, per_sample_loss=ldm.per_sample_loss,
+                  collate=ldm.collate, build_model=build_model, info=info, logits=None)
+    real = torch.stack([it["image"].float() for it in heldout.items])
+    texts = torch.stack([it["text"].float() for it in heldout.items])
+    utility = make_generation_utility(
+        real, texts, generate=generate, steps=p.gen_steps, guidance=p.guidance, seed=p.data_seed,
+        heldout_loss=mean_loss(ldm.per_sample_loss, ldm.collate, heldout.items, batch_size=32))
+    sizes = {k: len(v) for k, v in splits.items()}
+    config = {**model_cfg, "splits": sizes, "client_sizes": [len(c) for c in parts], "central_epochs": p.central_epochs,
+              "lora": {"r": p.model.lora_r, "alpha": p.model.lora_alpha, "targets": list(p.model.lora_targets)},
+              "eval_timesteps": info["eval_timesteps"], "gen_steps": p.gen_steps, "guidance": p.guidance,
+              "data_seed": p.data_seed, "model_seed": p.model_seed, **p.notes}
+    extras = {"aux_members": list(splits["aux_members"]), "aux_nonmembers": list(splits["aux_nonmembers"]),
+              "te_members": list(splits["te_members"]), "te_nonmembers": list(splits["te_nonmembers"])}
+    return Task(scenario="ldm-t2i", variant="", preset=preset, api=api, fl=p.fl, client_data=client_data,
+                test_data=heldout, utility=utility, nonmembers=nonmembers, central_data=members,
+                central_epochs=p.central_epochs, max_membership=p.max_membership, extras=extras, config=config)
+
+
+# ----------------------------------------------------------------------------------------------
+# paper preset: Stable Diffusion v1.5 + Pokemon BLIP captions, local files only
+
+
+def _paper_images(folder: Path, size: int) -> tuple[list[Tensor], list[str]]:
+    from PIL import Image
+
+    pngs = sorted(q for q in folder.iterdir() if q.suffix.lower() in (".png", ".jpg", ".jpeg"))
+    ims, caps = [], []
+    for q in progress(pngs, desc="Pokemon images", leave=False):
+        txt = q.with_suffix(".txt")
+        if not txt.is_file():
+            continue
+        im = Image.open(q).convert("RGB").resize((size, size), Image.Resampling.BICUBIC)
+        ims.append(torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).float() / 255.0)
+        caps.append(txt.read_text().strip())
+    return ims, caps
+
+
+def _paper_task(p: Preset) -> Task:
+    model, tok, text_model = ldm.load_sd15()  # AssetMissing at once when SD v1.5 is not cached
+    folder = Path(os.environ.get(PAPER_DATA_ENV, ""))
+    if not os.environ.get(PAPER_DATA_ENV) or not folder.is_dir():
+        raise AssetMissing(
+            f"the ldm-t2i paper preset needs the 833 BLIP-captioned Pokemon images (lambdalabs/pokemon-blip-captions) "
+            f"as image + .txt caption pairs in a folder named by ${PAPER_DATA_ENV}; papers/004's code ships them: "
+            f"`git clone https://github.com/{PAPER_DATA_REPO} && git -C StablePrivateLoRA checkout {PAPER_DATA_COMMIT}` "
+            f"then `export {PAPER_DATA_ENV}=$PWD/StablePrivateLoRA/dataset/Pokemon/1_pokemon`")
+    ims, caps = _paper_images(folder, p.model.image_size)
+    need = p.n_aux_m + p.n_te_m + p.n_aux_nm + p.n_te_nm
+    if len(ims) < need:
+        raise ValueError(f"{folder} holds {len(ims)} captioned images, Table 4 needs {need}")
+    with torch.no_grad():
+        states = {}
+        for i in range(0, len(caps), 32):
+            t = tok(caps[i:i + 32], padding="max_length", max_length=tok.model_max_length, truncation=True,
+                    return_tensors="pt")
+            for c, s in zip(caps[i:i + 32], text_model(t.input_ids)[0]):
+                states[c] = s.half()
+    perm = np.random.default_rng(p.data_seed).permutation(len(ims))
+    items = [{"image": ims[i].half(), "text": states[caps[i]], "caption": caps[i], "label": 0, "attrs": {}}
+             for i in perm]
+    splits, start = {}, 0
+    for name, n in (("aux_members", p.n_aux_m), ("te_members", p.n_te_m), ("aux_nonmembers", p.n_aux_nm),
+                    ("te_nonmembers", p.n_te_nm)):
+        splits[name] = items[start:start + n]
+        start += n
+    splits["heldout"] = []
+    return _assemble("ldm-t2i", "paper", p, splits, lambda: copy.deepcopy(model), ldm.generate,
+                     {"model": ldm.SD15_ID, "model_revision": ldm.SD15_REVISION, "text_encoder": "SD v1.5 CLIP",
+                      "data": f"{PAPER_DATA_REPO}@{PAPER_DATA_COMMIT}:dataset/Pokemon/1_pokemon"},
+                     n_blocks=ldm.num_attention_blocks(model))
+
+
+@register_scenario(name="ldm-t2i")
+def build(preset: str) -> list[Task]:
+    return [build_task(preset)]
