@@ -268,6 +268,16 @@ class InvertingGradients(Attack):
 
     # -- the batched optimisation -----------------------------------------------------------
 
+    def _init(self, size: tuple[int, ...], restart: int, lo: Tensor, hi: Tensor) -> Tensor:
+        """Restart r starts every target from the same draw (seed + r), so a target's result does
+        not depend on which other targets share the batch."""
+        gen = torch.Generator().manual_seed(self.seed + restart)
+        if self.init == "randn":
+            return torch.randn(size, generator=gen)
+        if self.init == "rand":
+            return lo + (hi - lo) * torch.rand(size, generator=gen)
+        return torch.zeros(size)
+
     def _optimise(self, jobs: list[_Job]) -> list[Reconstructions]:
         api = jobs[0].obs.api
         shape = tuple(api.info["input_shape"])
@@ -316,10 +326,8 @@ class InvertingGradients(Attack):
         TG = {n: rep(torch.stack([j.targets[n] for j in jobs])) for n in names}
         masked = jobs[0].masks is not None
         MK = {n: rep(torch.stack([j.masks[n] for j in jobs]).float()) for n in names} if masked else None
-        gen = torch.Generator().manual_seed(self.seed)
-        size = (T * R, batch, *shape)
-        x0 = {"randn": lambda: torch.randn(size, generator=gen), "rand": lambda: lo + (hi - lo) * torch.rand(size, generator=gen),
-              "zeros": lambda: torch.zeros(size)}[self.init]()
+        x0 = torch.stack([self._init((batch, *shape), r, lo, hi) for r in range(R)])  # [R, B, C, H, W]
+        x0 = x0.repeat(T, *[1] * (x0.dim() - 1))  # [T*R, ...], restart index inner
         X = nn.Parameter(torch.max(torch.min(x0, hi), lo) if self.boxed else x0)
         step = vmap(grad_and_value(objective, has_aux=True), in_dims=(0, 0, 0, 0 if masked else None), randomness="different")
         opt = torch.optim.Adam([X], lr=self.lr)

@@ -215,16 +215,21 @@ def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = Tru
         ctx = RoundCtx(round=r, rounds=fl.rounds, fl=fl, task=task.api, generator=gen, num_selected=len(sel),
                        global_state=global_state, shared_names=names, log=logs, extras=task.extras)
         msgs = []
+        down_bytes = 0
         for k in sel:
             load_state(work, global_state)
             msg = defense.client_step(ClientState(k, work, datasets[k], privates[k]), ctx)
             _check_message(msg, global_state)
             msgs.append(msg)
-            transcript.append({"client": k, "round": r, "kind": msg.kind, "bytes": msg.nbytes(),
+            down = defense.downlink_names(ctx, k)
+            down_bytes += sum(t.numel() * t.element_size() for n, t in global_state.items()
+                              if down is None or n in down) + int(msg.meta.get("extra_down_bytes", 0))
+            transcript.append({"client": k, "round": r, "kind": msg.kind,
+                               "bytes": msg.nbytes() + int(msg.meta.get("extra_up_bytes", 0)),
                                "numel": msg.numel(), "names": len(msg.tensors), "meta": dict(msg.meta)})
             if keep_clients and msg.kind == "weights":
                 latest.setdefault(k, {}).update({n: t.detach().clone() for n, t in msg.tensors.items()})
-        bytes_down.append(len(sel) * sum(t.numel() * t.element_size() for t in global_state.values()))
+        bytes_down.append(down_bytes)
         global_state = defense.aggregate(global_state, msgs, ctx)
         for n, t in global_state.items():
             if not torch.isfinite(t).all():

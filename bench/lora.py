@@ -174,8 +174,3 @@ def factor_stacked_rank_r(b_stack: Tensor, a_stack: Tensor, r: int) -> tuple[Ten
     total = float(s.norm())
     err = float(s[r:].norm()) / total if total > 0 else 0.0
     return b.to(b_stack.dtype), a.to(a_stack.dtype), err
-
-
-def lora_scaling(model: torch.nn.Module, pair: LoraPair) -> float:
-    """peft's alpha / r (or alpha / sqrt(r) for rsLoRA) of one adapted module."""
-    return float(model.get_submodule(pair.module).scaling[pair.adapter])

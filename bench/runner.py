@@ -163,7 +163,9 @@ def _privacy(task: Task, defense: Defense | None, train) -> dict[str, Any]:
     central = defense.setting == "central"
     rounds = len(train.bytes_down) if train is not None else fl.rounds
     rate = 1.0 if central else fl.clients_per_round / fl.num_clients
-    comp = defense.epsilon_composed(delta=delta, rounds=rounds, sample_rate=rate) if eps is not None else None
+    names = tuple(train.global_state) if train is not None else None
+    comp = defense.epsilon_composed(delta=delta, rounds=rounds, sample_rate=rate, names=names) \
+        if eps is not None else None
     n = sum(len(d) for d in task.client_data)
     note = ""
     if eps is not None and delta >= 1.0 / max(1, n):

@@ -193,28 +193,37 @@ def _read_rows(snap: Path) -> list[dict[str, Any]]:
 
 
 def stratified_split(labels: Sequence[int], fractions: Sequence[float], seed: int) -> list[list[int]]:
-    """Disjoint index sets with (almost exactly) the given fractions *within every category*.
+    """Disjoint index sets of ``round(f * n)`` items each with the same category mix as the whole.
 
-    Items are shuffled, grouped by category, and each is dealt to the split whose quota is most
-    behind (largest-remainder dealing), so every split has the same category histogram up to
-    one item per category. Fractions may sum to < 1 (the rest is unused).
+    Per split, category quotas are ``f * n_c`` rounded by the largest-remainder method (ties broken by
+    one seeded order of the categories, shared by all splits), so splits with equal fractions get
+    *identical* category histograms; items are then drawn at random within each category.
+    Fractions may sum to < 1 (the rest is unused).
     """
     fr = np.asarray(fractions, dtype=float)
     if (fr < 0).any() or fr.sum() > 1 + 1e-9:
         raise ValueError(f"fractions must be >= 0 and sum to <= 1, got {list(fractions)}")
-    targets = np.append(fr, max(0.0, 1.0 - fr.sum()))
     rng = np.random.default_rng(seed)
     labels = np.asarray(labels)
-    out: list[list[int]] = [[] for _ in targets]
-    for c in np.unique(labels):
+    cats, sizes = np.unique(labels, return_counts=True)
+    tie = rng.permutation(len(cats))  # one tie-break order for every split
+    quotas = np.zeros((len(fr), len(cats)), dtype=int)
+    for s, f in enumerate(fr):
+        exact = f * sizes
+        q = np.floor(exact).astype(int)
+        extra = int(round(f * len(labels))) - int(q.sum())
+        order = np.lexsort((tie, -(exact - q)))  # largest remainder first, then the shared tie order
+        q[order[:max(extra, 0)]] += 1
+        quotas[s] = q
+    out: list[list[int]] = [[] for _ in fr]
+    for j, c in enumerate(cats):
         idx = rng.permutation(np.flatnonzero(labels == c))
-        counts = np.zeros(len(targets))
-        offset = rng.random(len(targets)) * 1e-6  # breaks ties at random, not always toward split 0
-        for j, i in enumerate(idx):
-            s = int(np.argmax(targets * (j + 1) - counts + offset))
-            counts[s] += 1
-            out[s].append(int(i))
-    return [sorted(o) for o in out[:-1]]
+        start = 0
+        for s in range(len(fr)):
+            take = min(int(quotas[s, j]), len(idx) - start)
+            out[s].extend(idx[start:start + take].tolist())
+            start += take
+    return [sorted(o) for o in out]
 
 
 class TokenizedTexts(torch.utils.data.Dataset):

@@ -190,8 +190,14 @@ class Defense(abc.ABC):
         """The paper's per-release epsilon; None where no formal guarantee is claimed."""
         return None
 
-    def epsilon_composed(self, *, delta: float, rounds: int, sample_rate: float) -> float | None:
-        """Epsilon over all rounds with client sampling (opacus accountant); None if not DP."""
+    def epsilon_composed(self, *, delta: float, rounds: int, sample_rate: float,
+                         names: Sequence[str] | None = None) -> float | None:
+        """Epsilon over all rounds with client sampling (opacus accountant); None if not DP.
+        ``names``: the shared parameter names (a defense whose release count depends on them)."""
+        return None
+
+    def downlink_names(self, ctx: RoundCtx, client: int) -> Sequence[str] | None:
+        """Parameters the server sends this client this round; None = the whole global state."""
         return None
 
 

@@ -23,11 +23,15 @@ privatised message (post-processing), so the DP guarantee of the message is unaf
 Privacy: :meth:`epsilon` is the paper's per-release epsilon of one noised matrix (Eq. 9-11). A client's
 message holds one noised A and B per adapted module; :meth:`epsilon_composed` treats the whole message as
 one Gaussian release (noise multiplier 1 / sqrt(sum_i (S_i / sigma_i)^2)) with client-level sampling over
-all rounds (opacus RDP), the honest number. The paper's S = C is the sensitivity when one neighbouring
-output is zero; ``sensitivity_factor=2`` calibrates sigma for the replace-one bound 2C instead.
+all rounds (opacus RDP), the honest number. The unit of privacy is a client's whole local data set (clipping
+bounds the trained matrices, not per-sample gradients). The paper's S = C holds when one neighbouring output
+is zero; two clipped matrices can differ by 2C (``sensitivity_factor=2`` calibrates sigma for that). Eq. 9 is
+proven for epsilon < 1 only (Dwork & Roth, Thm. A.1), so at the paper's epsilon = 25 only the composed RDP
+number is a guarantee.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
@@ -95,13 +99,26 @@ class DPFedLoRA(Defense):
         """The paper's per-release epsilon of one noised A (or B) matrix at ``delta`` (Eq. 9)."""
         return gaussian_epsilon(self.sigma_a, delta, self.sensitivity_factor * self.clip_a)
 
-    def epsilon_composed(self, *, delta: float, rounds: int, sample_rate: float) -> float | None:
-        """Client-level epsilon of all messages over ``rounds`` with client sampling (opacus RDP)."""
-        if not (self._num_a and self._num_b):
-            raise RuntimeError("DPFedLoRA.epsilon_composed needs the model: call setup() (run_federated does) first")
+    def epsilon_composed(self, *, delta: float, rounds: int, sample_rate: float,
+                         names: Sequence[str] | None = None) -> float | None:
+        """Client-level epsilon of all messages over ``rounds`` with client sampling (opacus RDP).
+
+        The message structure (how many A and B matrices are noised) comes from ``names`` (the shared
+        parameter names) when given, else from the model seen by :meth:`setup`; without either it is
+        unknown and None is returned with a warning.
+        """
+        if names is not None:
+            a, b, _ = split_names(names)
+            num_a, num_b = len(a), len(b)
+        else:
+            num_a, num_b = self._num_a, self._num_b
+        if not (num_a and num_b):
+            warnings.warn("DPFedLoRA.epsilon_composed: message structure unknown (pass names= or call setup); "
+                          "returning None", RuntimeWarning, stacklevel=2)
+            return None
         s = self.sensitivity_factor
-        z = combined_noise_multiplier([s * self.clip_a] * self._num_a + [s * self.clip_b] * self._num_b,
-                                      [self.sigma_a] * self._num_a + [self.sigma_b] * self._num_b)
+        z = combined_noise_multiplier([s * self.clip_a] * num_a + [s * self.clip_b] * num_b,
+                                      [self.sigma_a] * num_a + [self.sigma_b] * num_b)
         return composed_epsilon(z, sample_rate, rounds, delta)
 
     # ---- protocol --------------------------------------------------------------------------
@@ -111,6 +128,9 @@ class DPFedLoRA(Defense):
 
     def applies(self, task) -> str | None:
         return requires_lora(task)
+
+    def fl_mode(self) -> str | None:
+        return "fedavg"
 
     def setup(self, model, task):
         names = [n for n, p in model.named_parameters() if p.requires_grad]

@@ -77,7 +77,7 @@ class DPGaussian(Defense):
     def epsilon(self, *, delta: float) -> float | None:
         return self.eps
 
-    def epsilon_composed(self, *, delta: float, rounds: int, sample_rate: float) -> float | None:
+    def epsilon_composed(self, *, delta: float, rounds: int, sample_rate: float, names=None) -> float | None:
         from bench.accounting import composed_epsilon
 
         return composed_epsilon(noise_multiplier=self.sigma / self.clip, sample_rate=sample_rate,

@@ -74,6 +74,9 @@ class FedPara(Defense):
     def applies(self, task) -> str | None:
         return requires_lora(task)
 
+    def fl_mode(self) -> str | None:
+        return "fedavg"  # sends trained LoRA weights
+
     def setup(self, model: nn.Module, task) -> nn.Module:
         names = [n for n, p in model.named_parameters() if p.requires_grad]
         pairs = lora_pairs(names)

@@ -36,7 +36,15 @@ class FedPer(Defense):
             raise ValueError(f"shared_layers must be >= 1, got {self.shared_layers}")
 
     def applies(self, task) -> str | None:
-        return requires_lora(task)
+        reason = requires_lora(task)
+        depth = task.info.get("num_layers")
+        if reason is None and depth and self.shared_layers >= int(depth):
+            reason = (f"FedPer shares the top {self.shared_layers} layers but the model has only {depth}: "
+                      "nothing would stay private (it would be FedAvg)")
+        return reason
+
+    def fl_mode(self) -> str | None:
+        return "fedavg"  # sends trained LoRA weights
 
     def split(self, names: Sequence[str], info) -> tuple[list[str], list[str]]:
         """(shared names, private names): LoRA of layers >= L - shared_layers is shared."""

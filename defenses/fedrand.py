@@ -45,6 +45,9 @@ class FedRand(Defense):
     def applies(self, task) -> str | None:
         return requires_lora(task)
 
+    def fl_mode(self) -> str | None:
+        return "fedavg"  # sends trained LoRA weights
+
     def client_step(self, state: ClientState, ctx: RoundCtx) -> Message:
         if ctx.fl.mode != "fedavg":
             raise NotApplicable("FedRand sends LoRA weights after local training (needs fl.mode 'fedavg')")

@@ -484,7 +484,7 @@ def pretrain(cfg: LDMConfig, images: Tensor, texts: Tensor, text_index: Tensor, 
         torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0)
         opt.step()
         sch.step()
-        ema = float(loss) if ema is None else 0.98 * ema + 0.02 * float(loss)
+        ema = float(loss.detach()) if ema is None else 0.98 * ema + 0.02 * float(loss)
         if hasattr(bar, "set_postfix") and step % 20 == 0:
             bar.set_postfix(loss=f"{ema:.4f}")
     log["unet_loss_ema"] = ema

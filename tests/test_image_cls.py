@@ -182,3 +182,31 @@ def test_paper_preset_fails_fast_without_cached_weights(tmp_path, monkeypatch):
 def test_paper_cifar10_missing_names_the_fix(tmp_path):
     with pytest.raises(AssetMissing, match="download=True"):
         D.cifar10(tmp_path)
+
+
+def _fake_hub_cache(root, hub_id: str, commit: str, state: dict) -> None:
+    """The Hugging Face cache layout: models--org--name/{refs/main, snapshots/<commit>/model.safetensors}."""
+    from safetensors.torch import save_file
+
+    repo = root / "hub" / ("models--" + hub_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snap = repo / "snapshots" / commit
+    snap.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(snap / "model.safetensors"))
+
+
+def test_paper_resnet34_loads_pinned_weights_from_the_local_cache(tmp_path, monkeypatch):
+    import timm
+
+    ref = timm.create_model("resnet34", pretrained=False, num_classes=1000)  # stands in for the ImageNet file
+    hub_id, _ = M.PAPER_WEIGHTS["resnet34"]
+    _fake_hub_cache(tmp_path, hub_id, "a" * 40, ref.state_dict())
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    assert M.paper_weights("resnet34")["commit"] == "a" * 40
+    a = M.resnet34("paper", num_classes=10, img_size=224, seed=0)
+    b = M.resnet34("paper", num_classes=10, img_size=224, seed=0)
+    assert torch.equal(a.conv1.weight, ref.conv1.weight) and torch.equal(a.layer4[2].bn2.running_var, ref.layer4[2].bn2.running_var)
+    assert a.fc.out_features == 10 and torch.equal(a.fc.weight, b.fc.weight)  # seeded new head
+    assert isinstance(a.maxpool, torch.nn.MaxPool2d)  # the stock 224 px stem

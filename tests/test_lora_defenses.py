@@ -219,6 +219,10 @@ def test_fedrand_end_to_end(api):
         assert bool(a_names) == ("A" in kinds) and bool(b_names) == ("B" in kinds)
 
 
+def test_lora_defenses_force_fedavg_protocol():
+    assert all(d.fl_mode() == "fedavg" for d in (FedRand(), FedPer(), FedPara(), DPFedLoRA()))
+
+
 def test_fedrand_ablation_grid_builds():
     cfgs = [FedRand(**g) for g in FedRand.grid]
     assert [c.rho for c in cfgs][:3] == [0.5, 0.3, 0.7]
@@ -243,6 +247,12 @@ def test_fedper_sends_only_top_layers_after_warmup(api):
     assert set(m0.tensors) == set(g0)  # 4 of 4 layers shared
     m0 = _client_round(FedPer(shared_layers=2, warmup_round=False), api, model, {}, g0, 0, lr=0.0)
     assert set(m0.tensors) == top
+
+
+def test_fedper_not_applicable_when_every_layer_would_be_shared():
+    assert FedPer(shared_layers=2).applies(make_api(layers=4)) is None
+    assert "nothing would stay private" in FedPer(shared_layers=4).applies(make_api(layers=4))
+    assert "nothing would stay private" in FedPer(shared_layers=2).applies(make_api(layers=2))
 
 
 def test_fedper_private_layers_restored(api):
@@ -453,13 +463,17 @@ def test_dp_fedlora_epsilons(api):
     d = DPFedLoRA(target_epsilon=25.0, delta=1e-5)
     assert math.isclose(d.epsilon(delta=1e-5), 25.0, rel_tol=1e-9)
     assert math.isclose(d.epsilon(delta=1e-3), 25.0 * math.sqrt(math.log(1250) / math.log(125000)), rel_tol=1e-9)
-    with pytest.raises(RuntimeError, match="setup"):
-        d.epsilon_composed(delta=1e-5, rounds=10, sample_rate=0.1)
-    d.setup(api.build_model(), api)
+    with pytest.warns(RuntimeWarning, match="structure unknown"):
+        assert d.epsilon_composed(delta=1e-5, rounds=10, sample_rate=0.1) is None
+    model = api.build_model()
     m = 2 * 2 * LAYERS  # noised matrices per message
     z = math.sqrt(2 * math.log(1.25e5)) / (25.0 * math.sqrt(m))
-    assert math.isclose(d.epsilon_composed(delta=1e-5, rounds=10, sample_rate=0.1),
-                        composed_epsilon(z, 0.1, 10, 1e-5), rel_tol=1e-9)
+    expected = composed_epsilon(z, 0.1, 10, 1e-5)
+    names = trainable_names(model)
+    assert math.isclose(d.epsilon_composed(delta=1e-5, rounds=10, sample_rate=0.1, names=names), expected, rel_tol=1e-9)
+    d.setup(model, api)
+    assert math.isclose(d.epsilon_composed(delta=1e-5, rounds=10, sample_rate=0.1), expected, rel_tol=1e-9)
+    assert d.epsilon_composed(delta=1e-5, rounds=20, sample_rate=0.1) > expected
 
 
 @pytest.mark.parametrize("opt", sorted(SERVER_OPTIMIZERS))

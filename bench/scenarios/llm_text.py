@@ -57,7 +57,7 @@ PRESETS: dict[str, Preset] = {
     # the membership attacks have something to find; a FedAvg run takes seconds.
     "smoke": Preset(
         model="tiny-llama", data="fortunes", n_members=128, n_nonmembers=128, n_test=64, max_len=32,
-        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=6, batch_size=8, lr=1e-2,
+        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=3, batch_size=8, lr=1e-2,
                     optimizer="adamw", weight_decay=0.0, dirichlet_alpha=0.5),
         lora_r=16, lora_alpha=32, lora_dropout=0.0,
         lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),

@@ -1,0 +1,450 @@
+"""Conformance checks for contributed defenses and attacks (``python -m bench check``, and pytest
+over every registered one: tests/test_conformance.py).
+
+A defense is trained for a few rounds on the ``smoke`` preset of a scenario it applies to, twice with
+the same seed (and different Python / NumPy global seeds, so hidden unseeded randomness shows), and
+checked for: typed hyper-parameters and a valid grid, a valid setting (threat views), messages whose
+tensors are a subset of the shared parameters with the same shapes, finite values, no in-place change
+of the global state, an aggregate with the global state's keys and shapes, identical global states
+for a fixed seed, epsilon None or >= 0, a time budget, and a utility floor (not worse than the
+untrained model by more than a margin; only a warning for defenses that declare an epsilon, whose
+noise may legitimately cost that much). An attack is checked for its declared kind and views and
+run once on a smoke observation (scores: one finite value per candidate; reconstructions: finite,
+in the model's input shape).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+import random
+import sys
+import time
+import traceback
+import typing
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any, Callable, TextIO
+
+import numpy as np
+import torch
+
+from .registry import ATTACKS, DEFENSES, SCENARIOS, UsageError, build, expand, parse_value
+from .task import Task
+from .types import VIEWS, Attack, Defense, Message, Reconstructions, Scores
+
+ROUNDS = 2
+MAX_LOCAL_STEPS = 2
+CLIENTS_PER_ROUND = 2
+TIME_BUDGET_S = float(os.environ.get("BENCH_CHECK_BUDGET_S", "600"))  # per training run, smoke preset
+PREFERRED = ("image-cls", "llm-text", "vlm-caption", "ldm-t2i")  # cheapest smoke scenarios first
+HIGHER_BETTER = ("accuracy", "cider", "bleu4", "rouge")
+LOWER_BETTER = ("test_loss", "fid", "kid", "perplexity")
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # PASS | FAIL | WARN | SKIP
+    detail: str = ""
+
+
+@dataclass
+class Report:
+    subject: str
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, name: str, ok: bool | None, detail: str = "", *, warn_only: bool = False) -> None:
+        status = "SKIP" if ok is None else "PASS" if ok else ("WARN" if warn_only else "FAIL")
+        self.checks.append(Check(name, status, detail))
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "FAIL"]
+
+    def render(self) -> str:
+        lines = [f"bench check: {self.subject}"]
+        lines += [f"  {c.status:4s}  {c.name:18s} {c.detail}" for c in self.checks]
+        n = len(self.failed)
+        lines.append(f"  result: {'all checks passed' if not n else f'{n} check(s) failed'}")
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# tasks
+
+
+@lru_cache(maxsize=None)
+def smoke_tasks(scenario: str) -> tuple[Task, ...]:
+    return tuple(SCENARIOS.get(scenario)("smoke"))
+
+
+def scenario_order() -> list[str]:
+    names = SCENARIOS.names()
+    return [n for n in PREFERRED if n in names] + [n for n in names if n not in PREFERRED]
+
+
+def shrink(task: Task, rounds: int = ROUNDS, steps: int = MAX_LOCAL_STEPS, clients: int = CLIENTS_PER_ROUND) -> Task:
+    """The task with a few rounds, clients per round and local steps: a conformance run, not a benchmark."""
+    cap = steps if task.fl.max_local_steps is None else min(steps, task.fl.max_local_steps)
+    fl = replace(task.fl, rounds=min(rounds, task.fl.rounds), max_local_steps=cap,
+                 clients_per_round=min(clients, task.fl.clients_per_round))
+    return replace(task, fl=fl)
+
+
+def choose_task(applies: Callable[[Any], str | None], scenario: str | None) -> tuple[Task | None, str]:
+    """The first smoke task ``applies`` accepts (in ``scenario`` if given), or None and the reasons."""
+    reasons = []
+    for name in [scenario] if scenario else scenario_order():
+        for task in smoke_tasks(name):
+            why = applies(task.api)
+            if why is None:
+                return task, ""
+            reasons.append(f"{task.id}: {why}")
+    return None, "; ".join(reasons) or "no scenario is registered"
+
+
+# ----------------------------------------------------------------------------------------------
+# static checks (no training)
+
+
+def field_checks(report: Report, cls: type, kind: str) -> None:
+    if not dataclasses.is_dataclass(cls):
+        report.add("hyper-parameters", False, f"{cls.__name__} is not a @dataclass: its fields are its hyper-parameters")
+        return
+    hints = typing.get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    untyped = [f.name for f in fields if f.name not in hints]
+    unsettable = []
+    for f in fields:
+        if f.default is dataclasses.MISSING or f.name not in hints:
+            continue
+        try:
+            parse_value(str(f.default), hints[f.name], f.name)
+        except UsageError:
+            unsettable.append(f.name)
+    desc = ", ".join(f"{f.name}: {getattr(hints.get(f.name), '__name__', hints.get(f.name))}" for f in fields) or "none"
+    report.add("hyper-parameters", not untyped, f"fields {desc}" + (f"; untyped: {untyped}" if untyped else ""))
+    if unsettable:
+        report.add("command line", False, f"not settable as name:param=value: {', '.join(unsettable)}", warn_only=True)
+    bad = []
+    for cfg in getattr(cls, "grid", ({},)):
+        try:
+            build(cls, dict(cfg), kind)
+        except Exception as e:  # noqa: BLE001 - report every kind of failure
+            bad.append(f"{dict(cfg)}: {e}")
+    report.add("grid", not bad, f"{len(cls.grid)} configuration(s)" + (f"; invalid: {'; '.join(bad)}" if bad else ""))
+
+
+# ----------------------------------------------------------------------------------------------
+# defenses
+
+
+class _Probe:
+    """Wraps a defense for run_federated and records the first violation of each contract."""
+
+    def __init__(self, inner: Defense):
+        self.inner = inner
+        self.violations: dict[str, str] = {}
+        self.messages = 0
+
+    def __getattr__(self, k: str) -> Any:
+        return getattr(self.inner, k)
+
+    def flag(self, check: str, msg: str) -> None:
+        self.violations.setdefault(check, msg)
+
+    def client_step(self, state, ctx) -> Message:
+        before = {n: t.clone() for n, t in ctx.global_state.items()}
+        msg = self.inner.client_step(state, ctx)
+        self.messages += 1
+        where = f"client {state.client} round {ctx.round}"
+        if not isinstance(msg, Message):
+            self.flag("message", f"{where}: client_step returned {type(msg).__name__}, not a Message")
+            return msg
+        if msg.kind not in ("weights", "gradient"):
+            self.flag("message", f"{where}: kind {msg.kind!r} is not 'weights' or 'gradient'")
+        if not isinstance(msg.num_samples, int) or msg.num_samples < 1:
+            self.flag("message", f"{where}: num_samples {msg.num_samples!r} must be a positive int")
+        if msg.client != state.client or msg.round != ctx.round:
+            self.flag("message", f"{where}: message says client {msg.client} round {msg.round}")
+        for n, t in msg.tensors.items():
+            if n not in ctx.global_state:
+                self.flag("shapes", f"{where}: unknown parameter {n!r} (not among the shared names)")
+            elif tuple(t.shape) != tuple(ctx.global_state[n].shape):
+                self.flag("shapes", f"{where}: {n!r} has shape {tuple(t.shape)}, the global state "
+                                    f"{tuple(ctx.global_state[n].shape)}")
+            if not torch.is_floating_point(t):
+                self.flag("message", f"{where}: {n!r} has dtype {t.dtype}, expected floating point")
+            elif not torch.isfinite(t).all():
+                self.flag("finite", f"{where}: {n!r} contains NaN or inf")
+            if t.requires_grad:
+                self.flag("detached", f"{where}: {n!r} requires grad (send t.detach().clone())")
+        changed = [n for n, t in before.items() if not torch.equal(t, ctx.global_state[n])]
+        if changed:
+            self.flag("isolation", f"{where}: client_step changed the global state in place ({changed[0]!r})")
+        return msg
+
+    def aggregate(self, global_state, msgs, ctx):
+        new = self.inner.aggregate(global_state, msgs, ctx)
+        where = f"round {ctx.round}"
+        if not isinstance(new, dict) or set(new) != set(global_state):
+            missing = sorted(set(global_state) - set(new or {}))[:3]
+            extra = sorted(set(new or {}) - set(global_state))[:3]
+            self.flag("aggregate", f"{where}: keys differ from the global state (missing {missing}, extra {extra})")
+            return new
+        for n, t in new.items():
+            if tuple(t.shape) != tuple(global_state[n].shape):
+                self.flag("shapes", f"{where}: aggregate gives {n!r} shape {tuple(t.shape)}, expected "
+                                    f"{tuple(global_state[n].shape)}")
+            elif not torch.isfinite(t).all():
+                self.flag("finite", f"{where}: aggregate gives non-finite values in {n!r}")
+        return new
+
+
+def _train(task: Task, probe: _Probe, seed: int, py_seed: int):
+    """One training run of the probed defense; Python / NumPy global seeds differ between runs on purpose."""
+    from .fl import run_federated
+
+    random.seed(py_seed)
+    np.random.seed(py_seed)
+    t0 = time.time()
+    model, res = run_federated(task, probe, seed, desc="check")
+    return model, res, time.time() - t0
+
+
+def main_utility(u: dict[str, float]) -> str | None:
+    for k in HIGHER_BETTER + LOWER_BETTER:
+        if k in u:
+            return k
+    return next(iter(sorted(u)), None)
+
+
+def utility_floor(trained: dict, untrained: dict) -> tuple[bool | None, str]:
+    k = main_utility(trained)
+    if k is None or k not in untrained:
+        return None, "no utility metric"
+    a, b = float(trained[k]), float(untrained[k])
+    margin = max(0.05, 0.1 * abs(b))
+    lower = k in LOWER_BETTER or "loss" in k
+    ok = math.isfinite(a) and (a <= b + margin if lower else a >= b - margin)
+    return ok, f"{k} {a:.4g} after training vs {b:.4g} untrained (margin {margin:.3g}, {'lower' if lower else 'higher'} is better)"
+
+
+def _contract_checks(report: Report, probe: _Probe) -> None:
+    for name in ("message", "shapes", "finite", "aggregate", "isolation", "detached"):
+        msg = probe.violations.get(name)
+        if msg is None and not probe.messages:
+            report.add(name, None, "no message was sent")
+        else:
+            report.add(name, msg is None, msg or "ok", warn_only=name == "detached")
+
+
+def check_defense_config(defense: Defense, task: Task, report: Report, *, seed: int = 0,
+                         budget_s: float = TIME_BUDGET_S) -> None:
+    """Train twice on ``task`` (already shrunk) and record every check in ``report``."""
+    from .runner import views_of
+    from .training import build_trained_model
+
+    setting_ok = defense.setting in ("federated", "central")
+    report.add("setting / views", setting_ok, f"setting {defense.setting!r} exposes "
+               f"{'/'.join(views_of(defense)) if setting_ok else 'nothing'}")
+    mode = defense.fl_mode()
+    report.add("fl mode", mode in (None, "fedavg", "fedsgd"), f"fl_mode() = {mode!r}")
+    if defense.setting == "central" and task.central_data is None:
+        report.add("train", None, f"{task.id} has no central data for a central defense")
+        return
+    probe = _Probe(copy.deepcopy(defense))
+    try:
+        model, res, wall = _train(task, probe, seed, 1)
+    except Exception as e:  # noqa: BLE001
+        tb = traceback.extract_tb(e.__traceback__)[-1]
+        report.add("train", False, f"{type(e).__name__}: {e} (at {os.path.basename(tb.filename)}:{tb.lineno})")
+        _contract_checks(report, probe)
+        return
+    report.add("train", True, f"{len(res.bytes_down)} rounds, {probe.messages} messages, {wall:.1f} s")
+    _contract_checks(report, probe)
+    fresh = copy.deepcopy(defense)
+    model0 = fresh.setup(task.api.build_model(), task.api)
+    names = [n for n in res.global_state]
+    p0 = dict(model0.named_parameters())
+    moved = [n for n in names if n in p0 and not torch.equal(p0[n].detach(), res.global_state[n])]
+    report.add("updates", bool(moved), f"{len(moved)}/{len(names)} shared tensors changed by training")
+    try:
+        _, res2, wall2 = _train(task, _Probe(copy.deepcopy(defense)), seed, 2)
+        diff = [n for n in res.global_state if not torch.equal(res.global_state[n], res2.global_state[n])]
+        same_t = res.transcript == res2.transcript
+        detail = "identical global state and transcript for seed 0" if not diff and same_t else (
+            f"{len(diff)} tensor(s) differ between two runs with seed {seed}"
+            + (f" (first {diff[0]!r}, max |diff| {float((res.global_state[diff[0]] - res2.global_state[diff[0]]).abs().max()):.3g})"
+               if diff else "") + ("" if same_t else "; the message transcripts differ")
+            + " (hint: draw randomness from ctx.generator, not the random / numpy global state)")
+        report.add("determinism", not diff and same_t, detail)
+    except Exception as e:  # noqa: BLE001
+        report.add("determinism", False, f"second run raised {type(e).__name__}: {e}")
+        wall2 = 0.0
+    report.add("time budget", max(wall, wall2) <= budget_s, f"{max(wall, wall2):.1f} s per run (budget {budget_s:.0f} s)")
+    delta = float(task.api.info.get("dp_delta", 1e-5))
+    eps_detail, eps_ok = [], True
+    trained = probe.inner
+    try:
+        eps = trained.epsilon(delta=delta)
+        rate = 1.0 if defense.setting == "central" else task.fl.clients_per_round / task.fl.num_clients
+        comp = trained.epsilon_composed(delta=delta, rounds=len(res.bytes_down), sample_rate=rate)
+        for label, v in (("epsilon", eps), ("epsilon_composed", comp)):
+            good = v is None or (isinstance(v, (int, float)) and not math.isnan(v) and v >= 0)
+            eps_ok &= good
+            eps_detail.append(f"{label}={v!r}" + ("" if good else " (must be None or >= 0)"))
+        if eps is None and comp is not None:
+            eps_detail.append("composed epsilon without a per-release epsilon")
+    except Exception as e:  # noqa: BLE001
+        eps_ok, eps = False, None
+        eps_detail.append(f"raised {type(e).__name__}: {e}")
+    report.add("epsilon", eps_ok, f"delta={delta:g}: " + ", ".join(eps_detail))
+    try:
+        with torch.no_grad():
+            after = {k: float(v) for k, v in task.utility(build_trained_model(task, trained, res.global_state)).items()}
+            before = {k: float(v) for k, v in task.utility(model0.eval()).items()}
+        ok, detail = utility_floor(after, before)
+        report.add("utility floor", ok, detail + ("; DP noise may cost this much" if ok is False and eps is not None
+                                                   else ""), warn_only=eps is not None)
+    except Exception as e:  # noqa: BLE001
+        report.add("utility floor", False, f"utility evaluation raised {type(e).__name__}: {e}")
+
+
+def defense_report(defense: Defense, scenario: str | None, *, rounds: int = ROUNDS,
+                   budget_s: float = TIME_BUDGET_S) -> Report:
+    from .training import label
+
+    report = Report(f"defense {label(defense)}")
+    field_checks(report, type(defense), "defense")
+    report.add("base class", isinstance(defense, Defense), type(defense).__mro__[1].__name__)
+    try:
+        task, why = choose_task(defense.applies, scenario)
+    except Exception as e:  # noqa: BLE001
+        report.add("applies", False, f"applies() raised {type(e).__name__}: {e}")
+        return report
+    if task is None:
+        report.add("applies", False, f"applies to no smoke task ({why})")
+        return report
+    report.subject += (f" on {task.id} (smoke, {rounds} rounds of {CLIENTS_PER_ROUND} clients, "
+                       f"<= {MAX_LOCAL_STEPS} local steps)")
+    report.add("applies", True, f"{task.id}")
+    check_defense_config(defense, shrink(task, rounds), report, budget_s=budget_s)
+    return report
+
+
+def check_defense(name_or_path: str, scenario: str | None = None, *, out: TextIO | None = None,
+                  rounds: int = ROUNDS, budget_s: float = TIME_BUDGET_S) -> int:
+    """``python -m bench check``: every configuration the spec expands to; 0 if all pass, else 1."""
+    out = out or sys.stdout
+    if scenario:
+        SCENARIOS.get(scenario)
+    try:
+        configs = expand(DEFENSES, name_or_path)
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - e.g. the contributed file does not import
+        print(f"bench check: {name_or_path}\n  FAIL  import             {type(e).__name__}: {e}\n"
+              "  result: 1 check(s) failed", file=out)
+        return 1
+    failed = 0
+    for d in configs:
+        rep = defense_report(d, scenario, rounds=rounds, budget_s=budget_s)
+        print(rep.render(), file=out, flush=True)
+        failed += len(rep.failed)
+    return 1 if failed else 0
+
+
+# ----------------------------------------------------------------------------------------------
+# attacks
+
+
+def attack_report(attack: Attack, scenario: str | None = None, *, seed: int = 0) -> Report:
+    """Declared kind / views, then one run on a smoke observation of an untrained (base) model."""
+    from .training import label
+
+    report = Report(f"attack {label(attack)}")
+    field_checks(report, type(attack), "attack")
+    kind_ok = attack.kind in ("membership", "reconstruction")
+    report.add("kind", kind_ok, repr(attack.kind))
+    views = tuple(attack.views)
+    report.add("views", bool(views) and set(views) <= set(VIEWS), f"{views} (valid: {', '.join(VIEWS)})")
+    if attack.kind == "reconstruction":
+        report.add("views", "client_update" in views, "a reconstruction attack observes client_update")
+    if not kind_ok:
+        return report
+    task, why = choose_task(attack.applies, scenario)
+    if task is None:
+        report.add("applies", None, f"applies to no registered smoke task ({why})")
+        return report
+    report.subject += f" on {task.id} (smoke)"
+    report.add("applies", True, task.id)
+    t0 = time.time()
+    try:
+        torch.manual_seed(seed)
+        detail = _run_membership(attack, task, seed) if attack.kind == "membership" else _run_recon(attack, task, seed)
+        report.add("output", True, f"{detail} ({time.time() - t0:.1f} s)")
+    except _Bad as e:
+        report.add("output", False, str(e))
+    except Exception as e:  # noqa: BLE001
+        report.add("run", False, f"{type(e).__name__}: {e}")
+    return report
+
+
+class _Bad(Exception):
+    pass
+
+
+def _run_membership(attack: Attack, task: Task, seed: int) -> str:
+    from .cells import membership_sets
+    from .types import Observation
+
+    (mem, non), (aux_m, aux_n) = membership_sets(task, None, "global_model", 0, seed)
+    cands = mem + non
+    obs = Observation(view="global_model", model=task.api.build_model().eval(), message=None, api=task.api,
+                      public={"aux_members": aux_m, "aux_nonmembers": aux_n})
+    out = attack.run(obs, cands)
+    if not isinstance(out, Scores):
+        raise _Bad(f"returned {type(out).__name__}, expected Scores")
+    if out.primary not in out.scores:
+        raise _Bad(f"primary score {out.primary!r} is not among {sorted(out.scores)}")
+    for name, s in out.scores.items():
+        s = torch.as_tensor(s).detach().float()
+        if tuple(s.shape) != (len(cands),):
+            raise _Bad(f"score {name!r} has shape {tuple(s.shape)}, expected ({len(cands)},)")
+        if not torch.isfinite(s).all():
+            raise _Bad(f"score {name!r} contains NaN or inf")
+    return f"{len(out.scores)} score vector(s) over {len(cands)} candidates, primary {out.primary!r}"
+
+
+def _run_recon(attack: Attack, task: Task, seed: int) -> str:
+    from .cells import probe_observations
+
+    if not task.recon_targets:
+        raise _Bad(f"{task.id} has no reconstruction targets")
+    fedavg = build(DEFENSES.get("fedavg"), {}, "defense")
+    obs, targets = probe_observations(replace(task, recon_targets=list(task.recon_targets)[:1]), fedavg, seed)
+    outs = attack.run_batch(obs) if hasattr(attack, "run_batch") else [attack.run(o, None) for o in obs]
+    if len(outs) != 1 or not isinstance(outs[0], Reconstructions):
+        raise _Bad(f"returned {[type(o).__name__ for o in outs]}, expected one Reconstructions")
+    img = outs[0].images
+    want = tuple(targets[0][0].shape)
+    if tuple(img.shape) != (1, *want):
+        raise _Bad(f"images have shape {tuple(img.shape)}, expected (1, {', '.join(map(str, want))})")
+    if not torch.isfinite(img).all():
+        raise _Bad("reconstructed images contain NaN or inf")
+    if outs[0].labels is not None and tuple(outs[0].labels.shape) != (1,):
+        raise _Bad(f"labels have shape {tuple(outs[0].labels.shape)}, expected (1,)")
+    return f"reconstruction of shape {tuple(img.shape)}"
+
+
+def check_attack(name_or_path: str, scenario: str | None = None, *, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    failed = 0
+    for a in expand(ATTACKS, name_or_path):
+        rep = attack_report(a, scenario)
+        print(rep.render(), file=out, flush=True)
+        failed += len(rep.failed)
+    return 1 if failed else 0

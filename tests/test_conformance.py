@@ -1,0 +1,199 @@
+"""Conformance: every registered defense and attack passes (no per-method test code needed), and the
+checks catch broken ones (wrong shapes, NaN, raising, hidden randomness, in-place edits, bad epsilon)."""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from bench.conformance import Report, attack_report, check_defense_config, defense_report, utility_floor
+from bench.registry import ATTACKS, DEFENSES, build
+from bench.types import Attack, Message, Reconstructions, Scores
+from defenses.fedavg import FedAvg
+from tests.toy import ToyLossMIA, toy_task
+
+
+def _skip_if_nowhere(rep: Report) -> None:
+    for c in rep.checks:
+        if c.name == "applies" and c.status in ("FAIL", "SKIP") and "applies to no" in c.detail:
+            pytest.skip(f"{rep.subject}: {c.detail}")
+
+
+@pytest.mark.parametrize("name", DEFENSES.names())
+def test_registered_defense_conforms(name):
+    cls = DEFENSES.get(name)
+    defense = build(cls, dict(cls.grid[0]), "defense")
+
+    rep = defense_report(defense, None)
+
+    _skip_if_nowhere(rep)
+    assert not rep.failed, rep.render()
+    assert {"train", "determinism", "shapes", "finite", "epsilon", "utility floor"} <= {c.name for c in rep.checks}
+
+
+@pytest.mark.parametrize("name", ATTACKS.names())
+def test_registered_attack_conforms(name):
+    cls = ATTACKS.get(name)
+    attack = build(cls, dict(cls.grid[0]), "attack")
+
+    rep = attack_report(attack, None)
+
+    _skip_if_nowhere(rep)
+    assert not rep.failed, rep.render()
+    assert any(c.name == "output" and c.status == "PASS" for c in rep.checks), rep.render()
+
+
+# ----------------------------------------------------------------------------------------------
+# the checks catch broken defenses (toy task: seconds)
+
+
+@dataclass
+class WrongShape(FedAvg):
+    name = "wrong_shape"
+
+    def client_step(self, state, ctx):
+        msg = super().client_step(state, ctx)
+        n = sorted(msg.tensors)[0]
+        return Message(msg.client, msg.round, {**msg.tensors, n: msg.tensors[n].flatten()[:-1]}, msg.num_samples)
+
+
+@dataclass
+class NaNs(FedAvg):
+    name = "nans"
+
+    def client_step(self, state, ctx):
+        msg = super().client_step(state, ctx)
+        return Message(msg.client, msg.round, {k: v * math.nan for k, v in msg.tensors.items()}, msg.num_samples)
+
+
+@dataclass
+class Raising(FedAvg):
+    name = "raising"
+
+    def client_step(self, state, ctx):
+        raise RuntimeError("client exploded")
+
+
+@dataclass
+class Unseeded(FedAvg):
+    name = "unseeded"
+
+    def client_step(self, state, ctx):
+        msg = super().client_step(state, ctx)
+        return Message(msg.client, msg.round, {k: v + random.random() for k, v in msg.tensors.items()},
+                       msg.num_samples)
+
+
+@dataclass
+class InPlace(FedAvg):
+    name = "in_place"
+
+    def client_step(self, state, ctx):
+        for t in ctx.global_state.values():
+            t.add_(0.01)
+        return super().client_step(state, ctx)
+
+
+@dataclass
+class BadEpsilon(FedAvg):
+    name = "bad_epsilon"
+
+    def epsilon(self, *, delta):
+        return -1.0
+
+
+def _check(defense) -> Report:
+    rep = Report(defense.name)
+    check_defense_config(defense, toy_task(n=64), rep)
+    return rep
+
+
+def _status(rep: Report, name: str) -> str:
+    return next(c.status for c in rep.checks if c.name == name)
+
+
+def test_fedavg_passes_every_check_on_the_toy_task():
+    rep = _check(FedAvg())
+
+    assert not rep.failed, rep.render()
+    assert _status(rep, "determinism") == "PASS" and _status(rep, "updates") == "PASS"
+
+
+@pytest.mark.parametrize("defense, check, needle", [
+    (WrongShape(), "shapes", "has shape"),
+    (NaNs(), "finite", "NaN"),
+    (Raising(), "train", "client exploded"),
+    (Unseeded(), "determinism", "differ between two runs"),
+    (InPlace(), "isolation", "in place"),
+    (BadEpsilon(), "epsilon", "must be None or >= 0"),
+])
+def test_broken_defense_is_reported_with_the_reason(defense, check, needle):
+    rep = _check(defense)
+
+    failed = {c.name: c.detail for c in rep.failed}
+    assert check in failed, rep.render()
+    assert needle in failed[check]
+    assert "result: " in rep.render() and "check(s) failed" in rep.render()
+
+
+def test_utility_floor_directions():
+    assert utility_floor({"accuracy": 0.5}, {"accuracy": 0.1})[0] is True
+    assert utility_floor({"accuracy": 0.0}, {"accuracy": 0.3})[0] is False
+    assert utility_floor({"test_loss": 9.0}, {"test_loss": 5.0})[0] is False
+    assert utility_floor({"test_loss": 5.2}, {"test_loss": 5.0})[0] is True
+    assert utility_floor({"accuracy": math.nan}, {"accuracy": 0.1})[0] is False
+
+
+# ----------------------------------------------------------------------------------------------
+# the checks catch broken attacks
+
+
+@dataclass
+class ShortScores(ToyLossMIA):
+    name = "short_scores"
+
+    def run(self, obs, candidates):
+        return Scores({"s": torch.zeros(len(candidates) - 1)})
+
+
+@dataclass
+class NaNScores(ToyLossMIA):
+    name = "nan_scores"
+
+    def run(self, obs, candidates):
+        return Scores({"s": torch.full((len(candidates),), math.nan)})
+
+
+@dataclass
+class WrongType(ToyLossMIA):
+    name = "wrong_type"
+
+    def run(self, obs, candidates):
+        return Reconstructions(torch.zeros(1, 3, 8, 8))
+
+
+@dataclass
+class BadViews(Attack):
+    name = "bad_views"
+    views = ("the_server_database",)
+    kind = "membership"
+
+    def run(self, obs, candidates):
+        return Scores({"s": torch.zeros(len(candidates))})
+
+
+@pytest.mark.parametrize("attack, check, needle", [
+    (ShortScores(), "output", "has shape"),
+    (NaNScores(), "output", "NaN"),
+    (WrongType(), "output", "expected Scores"),
+    (BadViews(), "views", "the_server_database"),
+])
+def test_broken_attack_is_reported(attack, check, needle):
+    rep = attack_report(attack, None)
+
+    failed = {c.name: c.detail for c in rep.failed}
+    assert check in failed, rep.render()
+    assert needle in failed[check]

@@ -1,0 +1,238 @@
+"""The ldm-t2i scenario: grounded captions, the diffusers LDM and its LoRA, deterministic per-sample
+losses, the papers/004 Table 4 splits, FID / KID, and the membership controls (an over-fitted LoRA is
+detectable by a loss threshold; the un-adapted base model is not)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+from bench import captions as cap
+from models import ldm
+
+TINY = ldm.LDMConfig(vae_channels=(8, 8, 16), unet_channels=(16, 32), text="hash", text_dim=32, text_len=12,
+                     lora_r=4, lora_alpha=4.0)
+
+
+@pytest.fixture(scope="module")
+def smoke_task():
+    from bench.scenarios.ldm_t2i import build_task
+
+    return build_task("smoke")
+
+
+def _item(seed: int, canvas: int = 32) -> dict:
+    rng = np.random.default_rng(seed)
+    img28 = (rng.random((28, 28)) * 255).astype(np.uint8)
+    x, a = cap.augment(img28, rng, canvas=canvas)
+    c = cap.caption(cap.CLASS_NAMES[seed % 10], a)
+    return {"image": x, "text": ldm.encode_captions(TINY, [c])[c], "caption": c, "label": seed % 10}
+
+
+# ----------------------------------------------------------------------------------------------
+# captions
+
+
+def test_augment_is_deterministic_and_caption_is_grounded():
+    img = np.full((28, 28), 255, dtype=np.uint8)
+    x1, a1 = cap.augment(img, np.random.default_rng(3))
+    x2, a2 = cap.augment(img, np.random.default_rng(3))
+    assert torch.equal(x1, x2) and a1 == a2
+    text = cap.caption("sneaker", a1)
+    assert text.startswith(f"a {a1.size} {a1.tint} sneaker {a1.position}") and text.endswith(a1.rotation)
+    assert x1.shape == (3, 32, 32) and 0.0 <= float(x1.min()) and float(x1.max()) <= 1.0
+
+
+@pytest.mark.parametrize("position", ["in the upper left", "in the lower right", "at the top", "on the left"])
+def test_render_puts_the_item_where_the_caption_says_with_its_tint(position):
+    img = np.full((28, 28), 255, dtype=np.uint8)
+    attrs = dataclasses.replace(cap.sample_attributes(np.random.default_rng(0)), position=position, size="small",
+                                rotation="upright", tint="red")
+    fy, fx = cap.POSITIONS[position]
+    free = 32 - attrs.pixels
+    attrs = dataclasses.replace(attrs, top=int(fy * free), left=int(fx * free))
+    x = cap.render(img, attrs)
+    mass = x.sum(0)
+    ys, xs = torch.nonzero(mass > 0.5, as_tuple=True)
+    cy, cx = ys.float().mean() / 31, xs.float().mean() / 31
+    assert abs(float(cy) - (0.2 + 0.6 * fy)) < 0.2 and abs(float(cx) - (0.2 + 0.6 * fx)) < 0.2
+    assert float(x[0].sum()) > 3 * float(x[1].sum())  # red tint
+
+
+def test_every_attribute_combination_gives_a_distinct_caption():
+    seen = set()
+    for s in cap.SIZES:
+        for p in cap.POSITIONS:
+            for r in cap.ROTATIONS:
+                for t in cap.TINTS:
+                    seen.add(cap.caption("bag", cap.Attributes(s, p, r, t, 10, 0, 0)))
+    assert len(seen) == cap.num_captions(1)
+
+
+# ----------------------------------------------------------------------------------------------
+# model, LoRA, losses
+
+
+def test_fresh_lora_computes_the_base_model_and_only_lora_trains():
+    base = ldm.random_base(TINY)
+    adapted = ldm.add_lora(ldm.random_base(TINY), r=4, alpha=4.0)
+    trainable = [n for n, p in adapted.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert {n.split(".")[-4] for n in trainable} >= {"to_q", "to_k", "to_v"}
+    assert any(".to_out.0.lora_" in n for n in trainable)
+    z, txt, t = torch.randn(2, 4, 8, 8), torch.randn(2, 12, 32), torch.tensor([10, 900])
+    with torch.no_grad():
+        assert torch.allclose(base(z, t, txt), adapted(z, t, txt), atol=1e-6)
+
+
+def test_per_sample_loss_is_deterministic_per_item_and_averages_ten_timesteps():
+    model = ldm.add_lora(ldm.random_base(TINY), r=4, alpha=4.0)
+    items = [_item(i) for i in range(3)]
+    with torch.no_grad():
+        together = ldm.per_sample_loss(model, ldm.collate(items))
+        alone = torch.cat([ldm.per_sample_loss(model, ldm.collate([it])) for it in reversed(items)]).flip(0)
+        steps = ldm.eval_timesteps(1000)
+        per_t = torch.stack([ldm.loss_at_timestep(model, ldm.collate(items), t) for t in steps], 1)
+    assert steps == [50, 150, 250, 350, 450, 550, 650, 750, 850, 950]
+    assert torch.allclose(together, alone, atol=1e-5)
+    assert torch.allclose(together, per_t.mean(1), atol=1e-5)
+    assert (together > 0).all()
+
+
+def test_training_loss_is_random_and_differentiable_in_the_lora():
+    model = ldm.add_lora(ldm.random_base(TINY), r=4, alpha=4.0)
+    batch = ldm.collate([_item(i) for i in range(4)])
+    torch.manual_seed(0)
+    a = ldm.train_loss(model, batch)
+    b = ldm.train_loss(model, batch)
+    assert not torch.isclose(a, b)
+    a.backward()
+    grads = [p.grad for n, p in model.named_parameters() if "lora_B" in n]
+    assert grads and any(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_generate_returns_images_in_unit_range():
+    model = ldm.random_base(TINY)
+    txt = torch.randn(3, 12, 32)
+    out = ldm.generate(model, txt, steps=2, seed=1)
+    assert out.shape == (3, 3, 32, 32) and float(out.min()) >= 0 and float(out.max()) <= 1
+    assert torch.equal(out, ldm.generate(model, txt, steps=2, seed=1))
+
+
+# ----------------------------------------------------------------------------------------------
+# utility metrics
+
+
+def test_fid_kid_match_an_independent_computation():
+    import scipy.linalg
+
+    from bench.utility_gen import fid_kid
+
+    g = torch.Generator().manual_seed(0)
+    real, fake = torch.randn(60, 6, generator=g), torch.randn(60, 6, generator=g) * 1.5 + 0.7
+    out = fid_kid(real.double(), fake.double(), kid_subset=30)
+    r, f = real.double().numpy(), fake.double().numpy()
+    s1, s2 = np.cov(r, rowvar=False), np.cov(f, rowvar=False)
+    ref = ((r.mean(0) - f.mean(0)) ** 2).sum() + np.trace(s1 + s2 - 2 * scipy.linalg.sqrtm(s1 @ s2).real)
+    assert out["fid_effnetlite0"] == pytest.approx(ref, rel=1e-4)
+    same = fid_kid(real.double(), torch.randn(60, 6, generator=g).double(), kid_subset=30)  # same distribution
+    assert abs(fid_kid(real.double(), real.double())["fid_effnetlite0"]) < 1e-6
+    assert out["kid_effnetlite0"] > 5 * abs(same["kid_effnetlite0"])
+    assert out["fid_effnetlite0"] > 3 * same["fid_effnetlite0"]
+
+
+def test_efficientnet_lite0_features_are_pooled_1280d():
+    from bench.utility_gen import feature_encoder
+
+    f = feature_encoder()(torch.rand(2, 3, 32, 32))
+    assert f.shape == (2, 1280) and torch.isfinite(f).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# the scenario
+
+
+def test_smoke_builds_with_table4_splits_disjoint(smoke_task):
+    t = smoke_task
+    ex = t.extras
+    sizes = {k: len(v) for k, v in ex.items()}
+    assert sizes == {"aux_members": 16, "te_members": 16, "aux_nonmembers": 16, "te_nonmembers": 16}
+    src = {k: {it["source_index"] for it in v} for k, v in ex.items()}
+    src["heldout"] = {it["source_index"] for it in t.test_data.items}
+    names = list(src)
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            assert not src[names[i]] & src[names[j]], (names[i], names[j])
+    members = {it["source_index"] for it in t.central_data.items}
+    assert members == src["aux_members"] | src["te_members"]
+    assert {it["source_index"] for it in t.nonmembers.items} == src["aux_nonmembers"] | src["te_nonmembers"]
+    assert sorted(i for c in t.client_data for i in c.indices) == list(range(len(t.central_data)))
+    assert t.api.family == "ldm-t2i" and t.api.logits is None and t.api.info["lora"] and t.api.info["arch"] == "unet"
+    assert t.api.info["num_layers"] == 7
+    item = t.central_data[0]
+    assert set(item) >= {"image", "text", "caption", "label"} and cap.CLASS_NAMES[item["label"]] in item["caption"]
+
+
+@pytest.mark.slow
+def test_default_splits_scale_table4(monkeypatch):
+    from bench.scenarios import ldm_t2i
+
+    p = ldm_t2i.PRESETS["default"]
+    splits = ldm_t2i.private_splits(p)
+    assert [len(splits[k]) for k in ("aux_members", "te_members", "aux_nonmembers", "te_nonmembers")] == [64] * 4
+    idx = [it["source_index"] for v in splits.values() for it in v]
+    assert len(idx) == len(set(idx))
+    assert splits["aux_members"][0]["text"].shape == (16, 384)  # MiniLM token states
+
+
+@pytest.mark.slow
+def test_negative_control_base_model_is_at_chance(smoke_task):
+    """The base never saw the private pool: loss-threshold AUROC on 128 vs 128 fresh items is 0.5 +- 0.1."""
+    from bench.data import fashion_mnist
+    from bench.scenarios import ldm_t2i
+
+    p = ldm_t2i.PRESETS["smoke"]
+    src = fashion_mnist()
+    used = {it["source_index"] for v in smoke_task.extras.values() for it in v}
+    free = [i for i in np.random.default_rng(7).permutation(len(src.test_x)) if i not in used][:256]
+    items = ldm_t2i.make_items(p.model, src.test_x[free], src.test_y[free], seed=7, split=9)
+    model = smoke_task.api.build_model()
+    with torch.no_grad():
+        scores = torch.cat([-smoke_task.api.per_sample_loss(model, smoke_task.api.collate(items[i:i + 64]))
+                            for i in range(0, 256, 64)])
+    auc = roc_auc_score([1] * 128 + [0] * 128, scores.numpy())
+    assert abs(auc - 0.5) <= 0.1, auc
+
+
+@pytest.mark.slow
+def test_positive_control_overfit_lora_is_detected_by_a_loss_threshold(smoke_task):
+    """Plain LoRA over-fitted on 8 members (60 epochs, lr 1e-2): -loss separates them from 8 non-members."""
+    from bench.fl import run_federated
+    from bench.registry import DEFENSES, build
+    from bench.scenarios.ldm_t2i import Items
+
+    mem = smoke_task.extras["aux_members"][:8]
+    non = smoke_task.extras["te_nonmembers"][:8]
+    task = dataclasses.replace(smoke_task, central_data=Items(mem), central_epochs=60,
+                               fl=dataclasses.replace(smoke_task.fl, lr=1e-2, batch_size=8))
+    model, _ = run_federated(task, build(DEFENSES.get("lora"), {}, "defense"), seed=0)
+    with torch.no_grad():
+        s = torch.cat([-task.api.per_sample_loss(model, task.api.collate(mem)),
+                       -task.api.per_sample_loss(model, task.api.collate(non))])
+    base = task.api.build_model()
+    with torch.no_grad():
+        s0 = torch.cat([-task.api.per_sample_loss(base, task.api.collate(mem)),
+                        -task.api.per_sample_loss(base, task.api.collate(non))])
+    y = [1] * 8 + [0] * 8
+    assert roc_auc_score(y, s.numpy()) >= 0.8
+    assert roc_auc_score(y, s.numpy()) > roc_auc_score(y, s0.numpy())
+
+
+@pytest.mark.slow
+def test_utility_reports_loss_fid_kid(smoke_task):
+    out = smoke_task.utility(smoke_task.api.build_model())
+    assert set(out) >= {"heldout_denoise_loss", "fid_effnetlite0", "kid_effnetlite0"}
+    assert all(np.isfinite(v) for v in out.values())

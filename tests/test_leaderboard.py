@@ -1,0 +1,282 @@
+"""Leaderboards from records: statistics over seeds and samples, significance, determinism, the
+cross-matrix, plots, reported-vs-measured and the claims (synthetic records: no training needed)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import roc_auc_score, roc_curve
+
+from bench import claims as C
+from bench import reported as R
+from bench.leaderboard import (Results, auroc_rows, differs, matrix_table, membership_estimate, scenario_table,
+                               tpr_at_fpr_rows, write_leaderboards)
+from bench.metrics import mean_ci, membership_metrics, reconstruction_metrics, tpr_at_fpr
+from bench.plots import epsilon_series
+from bench.store import Store
+
+
+def member_scores(strength: float, n: int, seed: int) -> tuple[list[float], list[int]]:
+    """n members shifted by ``strength`` against n non-members (AUROC grows with strength)."""
+    rng = np.random.default_rng(seed)
+    s = np.concatenate([rng.normal(strength, 1, n), rng.normal(0, 1, n)])
+    return s.tolist(), [1] * n + [0] * n
+
+
+def rec(*, scenario="sc", task="sc/a", preset="smoke", defense="fedavg", params=None, label=None, attack="mia",
+        attack_label=None, kind="membership", view="global_model", seed=0, status="ok", reason="",
+        strength=1.0, n=64, per_candidate=True, ssim=None, utility=None, privacy=None, cost=None, variants=None):
+    r = {"cell_id": f"{task}-{label or defense}-{attack_label or attack}-{view}-{seed}".replace("/", "_"),
+         "scenario": scenario, "task": task, "preset": preset, "defense": defense, "defense_params": params or {},
+         "defense_label": label or defense, "attack": attack, "attack_params": {}, "attack_label": attack_label or attack,
+         "attack_kind": kind, "view": view, "seed": seed, "status": status, "reason": reason,
+         "utility": utility if utility is not None else ({} if defense == "base" else {"accuracy": 0.8}),
+         "privacy": privacy or {"epsilon": None, "epsilon_composed": None, "delta": None, "note": ""},
+         "cost": cost or {"bytes_up_per_round": 1000.0, "bytes_down_per_round": 2000.0, "rounds": 2,
+                          "train_wall_s": 1.0, "attack_wall_s": 0.5}}
+    if status != "ok":
+        return r
+    if kind == "membership":
+        s, y = member_scores(strength, n, seed)
+        metrics, roc = membership_metrics(s, y, seed=seed)
+        r.update(metrics=metrics, roc=roc, primary="score", variants=variants or {}, n_candidates=len(y))
+        if per_candidate:
+            r["per_candidate"] = {"score": s, "member": y}
+    else:
+        r.update(per_sample={"ssim": list(ssim), "psnr": [10 + 10 * v for v in ssim]},
+                 metrics={"ssim": mean_ci(ssim, seed=seed), "psnr": mean_ci([10 + 10 * v for v in ssim], seed=seed)})
+    return r
+
+
+def write(tmp_path, recs):
+    st = Store(tmp_path)
+    for r in recs:
+        st.write(r)
+    return Results.load(tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------
+# statistics
+
+
+def test_vectorised_auroc_and_tpr_match_sklearn_and_bench_metrics():
+    rng = np.random.default_rng(0)
+    s = np.round(rng.normal(size=200), 1)  # ties on purpose
+    y = np.array([1] * 90 + [0] * 110)
+
+    auc = auroc_rows(s[y == 1][None], s[y == 0][None])[0]
+    fpr, tpr, _ = roc_curve(y, s)
+
+    assert auc == pytest.approx(roc_auc_score(y, s))
+    for f in (0.01, 0.05, 0.2):
+        assert tpr_at_fpr_rows(s[y == 1][None], s[y == 0][None], f)[0] == pytest.approx(tpr_at_fpr(fpr, tpr, f))
+
+
+def test_single_seed_estimate_reproduces_the_record_point_value():
+    r = rec(strength=1.0)
+
+    for metric in ("auroc", "tpr@0.01fpr"):
+        e = membership_estimate([r], metric, key="k")
+        assert e.value == pytest.approx(r["metrics"][metric]["value"])
+        assert e.lo <= e.value <= e.hi
+
+
+def test_seeds_are_pooled_hierarchically_and_narrow_the_interval():
+    one = [rec(seed=0, n=32)]
+    four = [rec(seed=s, n=32) for s in range(4)]
+
+    e1 = membership_estimate(one, "auroc", key="a")
+    e4 = membership_estimate(four, "auroc", key="b")
+
+    assert e4.n_seeds == 4 and "seeds" in e4.method
+    assert e4.value == pytest.approx(np.mean([r["metrics"]["auroc"]["value"] for r in four]))
+    assert (e4.hi - e4.lo) < (e1.hi - e1.lo)
+
+
+def test_without_per_candidate_scores_record_intervals_are_combined():
+    recs = [rec(seed=s, per_candidate=False) for s in range(3)]
+
+    e = membership_estimate(recs, "auroc", key="c")
+
+    assert e.method.startswith("normal") and e.n_seeds == 3
+    assert e.lo < e.value < e.hi
+    single = membership_estimate(recs[:1], "auroc", key="c")
+    assert (single.lo, single.hi) == (recs[0]["metrics"]["auroc"]["ci_low"], recs[0]["metrics"]["auroc"]["ci_high"])
+
+
+def test_a_difference_is_called_only_where_the_intervals_separate():
+    leaky = membership_estimate([rec(strength=2.5, seed=s) for s in range(2)], "auroc", key="leaky")
+    chance_a = membership_estimate([rec(strength=0.0, seed=s) for s in range(2)], "auroc", key="ca")
+    chance_b = membership_estimate([rec(strength=0.0, seed=s + 10) for s in range(2)], "auroc", key="cb")
+
+    assert differs(leaky, chance_a) == 1 and differs(chance_a, leaky) == -1
+    assert differs(chance_a, chance_b) == 0
+
+
+def test_table_marks_best_group_and_comparison_with_the_baseline(tmp_path):
+    res = write(tmp_path, [rec(defense="fedavg", strength=2.5), rec(defense="flrsp", label="flrsp(R=0.8)", strength=0.0),
+                           rec(defense="dp", label="dp(eps=1)", strength=0.1), rec(defense="base", strength=0.0)])
+
+    table, meta = scenario_table(res, "sc")
+
+    t = table.set_index("defense")
+    col = "mia/global_model:auroc"
+    assert t.loc["flrsp(R=0.8)", f"{col}.best"] == 1 and t.loc["dp(eps=1)", f"{col}.best"] == 1
+    assert t.loc["fedavg", f"{col}.best"] == 0
+    assert math.isnan(t.loc["base", f"{col}.best"])  # the shift check is not ranked
+    assert t.loc["flrsp(R=0.8)", f"{col}.vs_baseline"] == "less leakage"
+    assert list(table.defense) == ["base", "fedavg", "dp(eps=1)", "flrsp(R=0.8)"]
+    assert {m["column"] for m in meta} == {col, "mia/global_model:tpr@0.01fpr"}
+
+
+def test_reconstruction_metrics_pool_images_over_seeds(tmp_path):
+    res = write(tmp_path, [rec(kind="reconstruction", attack="ig", view="client_update", seed=s,
+                               ssim=[0.1 + 0.1 * s, 0.2 + 0.1 * s, 0.3 + 0.1 * s]) for s in range(2)])
+
+    e = res.metric(res.records, "ssim")
+
+    assert e.value == pytest.approx(np.mean([0.1, 0.2, 0.3, 0.2, 0.3, 0.4]))
+    assert e.lo < e.value < e.hi and e.n_seeds == 2
+
+
+def test_matrix_has_one_cell_per_pair_with_na_and_failed_reasons(tmp_path):
+    res = write(tmp_path, [rec(defense="fedavg"), rec(defense="fixed", attack="april", status="n/a",
+                                                      reason="needs a ViT with a learnable positional embedding"),
+                           rec(defense="boom", status="failed", reason="RuntimeError: client exploded"),
+                           rec(defense="fedavg", attack="april", kind="reconstruction", view="client_update",
+                               ssim=[0.9, 0.8])])
+
+    m = matrix_table(res, "sc").set_index("defense")
+
+    assert m.loc["fixed", "april"] == "n/a: needs a ViT with a learnable positional embedding"
+    assert m.loc["boom", "mia"] == "failed: RuntimeError: client exploded"
+    assert m.loc["fedavg", "april"].startswith("update ssim 0.850")
+
+
+def test_leaderboard_is_byte_identical_from_the_same_records(tmp_path):
+    recs = [rec(defense=d, label=d, seed=s, strength=st, view=v)
+            for d, st in (("fedavg", 1.5), ("flrsp", 0.3)) for s in range(2) for v in ("global_model", "client_model")]
+    recs += [rec(defense="base", strength=0.0), rec(defense="boom", status="failed", reason="x")]
+    write(tmp_path / "run", recs)
+
+    a = write_leaderboards(tmp_path / "run", tmp_path / "a")
+    b = write_leaderboards(tmp_path / "run", tmp_path / "b")
+
+    names = sorted(p.name for p in a if p.suffix in (".csv", ".md", ".html"))
+    assert names == sorted(p.name for p in b if p.suffix in (".csv", ".md", ".html"))
+    assert {"sc.csv", "sc_matrix.csv", "sc_cells.csv", "sc.md", "index.html", "claims.csv",
+            "reported_vs_measured.csv"} <= set(names)
+    for n in names:
+        assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes(), n
+    md = (tmp_path / "a" / "sc.md").read_text()
+    assert "Cross-matrix" in md and "Distribution-shift check" in md and "client exploded" not in md.split("Failed")[0]
+
+
+def test_plots_cover_roc_tradeoff_ssim_communication_and_epsilon(tmp_path):
+    from defenses.dp_gaussian import DPGaussian
+
+    d = DPGaussian(eps=2.0)
+    d._delta = 1e-5
+    comp = d.epsilon_composed(delta=1e-5, rounds=6, sample_rate=0.5)
+    dp_priv = {"epsilon": 2.0, "epsilon_composed": comp, "delta": 1e-5, "note": ""}
+    dp_cost = {"bytes_up_per_round": 900.0, "bytes_down_per_round": 2000.0, "rounds": 6}
+    recs = [rec(defense="fedavg"), rec(defense="dp_gaussian", params={"eps": 2.0, "clip": 1.0, "delta": None,
+                                                                      "form": "fedavg"},
+                                       label="dp_gaussian(eps=2.0)", privacy=dp_priv, cost=dp_cost, strength=0.2),
+            rec(defense="fedavg", attack="ig", kind="reconstruction", view="client_update", ssim=[0.9, 0.7]),
+            rec(defense="dp_gaussian", label="dp_gaussian(eps=2.0)", params={"eps": 2.0}, attack="ig",
+                kind="reconstruction", view="client_update", ssim=[0.2, 0.1], privacy=dp_priv, cost=dp_cost)]
+    write(tmp_path, recs)
+
+    files = [p.name for p in write_leaderboards(tmp_path) if p.suffix == ".png"]
+
+    for prefix in ("roc_", "tradeoff_", "ssim_", "communication_", "epsilon_"):
+        assert any(f.startswith(prefix) for f in files), (prefix, files)
+    xs, ys, note = epsilon_series(recs[1])
+    assert xs[-1] == 6 and ys[-1] == pytest.approx(comp, rel=1e-3) and "sample rate 0.5" in note
+    assert all(a <= b for a, b in zip(ys, ys[1:]))  # composition only grows
+
+
+# ----------------------------------------------------------------------------------------------
+# reported vs measured, claims
+
+
+def test_reported_numbers_are_transcribed_for_every_paper():
+    rep = R.load()
+
+    assert {"papers/000", "papers/002", "papers/003", "papers/004"} <= set(rep.paper)
+    tables = set(zip(rep.paper, rep.table))
+    for t in (("papers/000", "Table 4"), ("papers/000", "Table 1 (server)"), ("papers/002", "Table I"),
+              ("papers/002", "Table II"), ("papers/004", "Table 1"), ("papers/004", "Table 11")):
+        assert t in tables
+    row = rep[(rep.table == "Table 4") & rep.setting.str.endswith("FedRand (client)") &
+              (rep.metric == "AUROC MaxRenyi-0% (image)")]
+    assert row.value.tolist() == ["47.83"] and row.spread.tolist() == ["3.56"]
+    assert len(rep[(rep.paper == "papers/000") & (rep.table == "Table 4")]) == 28
+    assert len(rep[(rep.paper == "papers/002") & (rep.table == "Table II")]) == 42
+
+
+def test_reported_is_shown_beside_the_closest_measurement_never_mixed(tmp_path):
+    var = lambda a: {"maxrenyi_K0_a0.5_text": {"auroc": a}}  # noqa: E731
+    res = write(tmp_path, [rec(scenario="llm-text", task="llm-text", defense="fedavg", attack="max_renyi",
+                               variants=var(0.71), view=v) for v in ("global_model", "client_model")])
+
+    out = R.compare(res)
+
+    row = out[(out.table == "Table 4") & out.setting.str.endswith("FedAvg (server)") &
+              (out.metric == "AUROC MaxRenyi-0% (caption)") & (out.scenario == "llm-text")]
+    assert row.reported.tolist() == ["70.22 +- 2.56 percent"]
+    assert row["reported (suite scale)"].tolist() == ["0.7022"]
+    assert row.measured_value.tolist() == [pytest.approx(0.71)]  # the suite's own number, from the record
+    assert row.view.tolist() == ["global_model"]
+    image = out[(out.table == "Table 4") & (out.metric == "AUROC MaxRenyi-0% (image)") & (out.scenario == "llm-text")]
+    assert set(image.measured) == {"not measured"}  # a text-only scenario has no image slice
+
+
+def _fedrand_records(fedrand_strength, fedrand_loss):
+    out = []
+    for d, st, loss in (("fedavg", 2.0, 3.0), ("fedrand", fedrand_strength, fedrand_loss)):
+        for s in range(2):
+            out.append(rec(scenario="llm-text", task="llm-text", defense=d, attack="max_renyi", view="client_model",
+                           strength=st, seed=s, utility={"test_loss": loss + 0.01 * s, "perplexity": math.exp(loss)}))
+    return out
+
+
+@pytest.mark.parametrize("strength, loss, verdict", [(0.0, 3.05, "holds"), (2.0, 3.0, "does not hold"),
+                                                     (0.0, 4.0, "does not hold")])
+def test_fedrand_claim_verdict_follows_the_intervals_and_utility(tmp_path, strength, loss, verdict):
+    res = write(tmp_path, _fedrand_records(strength, loss))
+
+    rows = [c for c in C.evaluate(res) if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text"]
+
+    assert [c["verdict"] for c in rows] == [verdict]
+    assert rows[0]["preset"] == "smoke"
+    vlm = [c for c in C.evaluate(res) if c["paper"].startswith("papers/000") and c["scenario"] == "vlm-caption"]
+    assert vlm[0]["verdict"] == "not measured"
+
+
+def test_smp_lora_and_dp_fedlora_and_flrsp_claims(tmp_path):
+    recs = []
+    for d, st, fid in (("lora", 2.5, 1.0), ("mp_lora", 0.0, 3.0), ("smp_lora", 0.05, 1.2)):
+        for s in range(3):
+            recs.append(rec(scenario="ldm-t2i", task="ldm-t2i", defense=d, attack="loss_mia", view="released_model",
+                            strength=st, seed=s, utility={"fid": fid + 0.01 * s}))
+    for d, st, loss in (("fedavg", 2.5, 3.0), ("dp_fedlora", 0.1, 3.3)):
+        priv = {"epsilon": 25.0, "epsilon_composed": 80.0, "delta": 1e-5, "note": ""} if d == "dp_fedlora" else None
+        recs.append(rec(scenario="llm-text", task="llm-text", defense=d, attack="loss_mia", strength=st,
+                        utility={"test_loss": loss}, privacy=priv))
+    for d, lab, ssim, acc in (("fedsgd", "fedsgd", [0.9, 0.8, 0.85, 0.95], 0.6),
+                              ("flrsp", "flrsp(R=0.8,form=fedsgd)", [0.1, 0.05, 0.12, 0.08], 0.58)):
+        recs.append(rec(scenario="image-cls", task="image-cls/vit", defense=d, label=lab,
+                        params={"R": 0.8, "form": "fedsgd"} if d == "flrsp" else {}, attack="ig",
+                        kind="reconstruction", view="client_update", ssim=ssim, utility={"accuracy": acc}))
+    res = write(tmp_path, recs)
+
+    got = {(c["paper"].split()[0], c["scenario"]): c for c in C.evaluate(res)}
+
+    assert got[("papers/004", "ldm-t2i")]["verdict"] == "holds", got[("papers/004", "ldm-t2i")]["evidence"]
+    assert got[("papers/002", "llm-text")]["verdict"] == "holds", got[("papers/002", "llm-text")]["evidence"]
+    assert got[("papers/003", "image-cls")]["verdict"] == "holds", got[("papers/003", "image-cls")]["evidence"]
+    assert got[("papers/003", "image-cls")]["direction"] == "agrees"

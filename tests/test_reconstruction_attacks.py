@@ -1,0 +1,249 @@
+"""Positive and negative controls for the reconstruction attacks (APRIL, inverting gradients).
+
+The client is mimicked directly: a tiny timm model, a 32 px photo from scikit-image, cross-entropy,
+batch 1, one gradient from torch.autograd (as bench.fl.batch_gradient computes it). SSIM is
+scikit-image's on de-normalised images.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from skimage import data, transform
+from skimage.metrics import structural_similarity
+from timm.models.resnet import BasicBlock, ResNet
+from timm.models.vision_transformer import VisionTransformer
+from torch import nn
+from torch.nn import functional as F
+
+from attacks.april import April
+from attacks.inverting_gradients import InvertingGradients, infer_labels
+from bench.registry import ATTACKS
+from bench.types import Message, NotApplicable, Observation, TaskAPI
+
+MEAN = (0.5, 0.5, 0.5)
+STD = (0.25, 0.25, 0.25)
+SHAPE = (3, 32, 32)
+
+
+# ----------------------------------------------------------------------------------------------
+# fixtures: a photo, tiny models, a client's gradient, FLRSP's random zeros
+
+
+def photo(name: str = "chelsea", size: int = 32) -> torch.Tensor:
+    img = transform.resize(getattr(data, name)(), (size, size), anti_aliasing=True)
+    x = torch.tensor(img, dtype=torch.float).permute(2, 0, 1)
+    return (x - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1)
+
+
+def ssim(rec: torch.Tensor, target: torch.Tensor) -> float:
+    m, s = torch.tensor(MEAN).view(3, 1, 1), torch.tensor(STD).view(3, 1, 1)
+    a = (rec * s + m).clamp(0, 1).numpy()
+    b = (target * s + m).clamp(0, 1).numpy()
+    return float(structural_similarity(a, b, channel_axis=0, data_range=1.0))
+
+
+def tiny_vit(**kw) -> nn.Module:
+    torch.manual_seed(0)
+    return VisionTransformer(img_size=32, patch_size=4, embed_dim=96, depth=2, num_heads=3, num_classes=10, **kw)
+
+
+def tiny_resnet() -> nn.Module:
+    """A narrow timm BasicBlock ResNet (ResNet34's block and stem, one block per stage).
+
+    At 32 px its last stage is 1x1, so train-mode BatchNorm cannot run on one image: the client
+    computes its batch-1 gradient in eval mode (as Geiping et al.'s code does) and says so.
+    """
+    torch.manual_seed(0)
+    return ResNet(BasicBlock, (1, 1, 1, 1), num_classes=10, channels=(16, 32, 64, 128), zero_init_last=False)
+
+
+def task_api(arch: str, build, **info) -> TaskAPI:
+    def loss(model, batch):
+        return F.cross_entropy(model(batch[0]), batch[1])
+
+    base = {"input_shape": SHAPE, "num_classes": 10, "mean": list(MEAN), "std": list(STD), "arch": arch}
+    if arch == "vit":
+        base.update(pos_embed_param="pos_embed", patch_embed_param="patch_embed.proj.weight", patch_size=4)
+    base.update(info)
+    return TaskAPI(name=f"test-{arch}", family="image-cls", loss=loss, per_sample_loss=loss, collate=None,
+                   build_model=build, info=base)
+
+
+def client_gradient(model: nn.Module, x: torch.Tensor, y: int, *, train: bool = True) -> dict[str, torch.Tensor]:
+    model.train(train)
+    names = [n for n, _ in model.named_parameters()]
+    loss = F.cross_entropy(model(x[None]), torch.tensor([y]))
+    return {n: g.detach().clone() for n, g in zip(names, torch.autograd.grad(loss, list(model.parameters())))}
+
+
+def flrsp_mask(grads: dict[str, torch.Tensor], rate: float, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Each entry zeroed with probability ``rate`` (papers/003 Eq. 6-7, the client side of FLRSP)."""
+    g = torch.Generator().manual_seed(seed)
+    return {n: t * (torch.rand(t.shape, generator=g) >= rate) for n, t in grads.items()}
+
+
+def observe(model, grads, api, kind="gradient", **public) -> Observation:
+    msg = Message(client=0, round=0, tensors=grads, num_samples=1, kind=kind)
+    return Observation("client_update", model, msg, api, {"num_samples": 1, **public})
+
+
+# ----------------------------------------------------------------------------------------------
+# registry and contract
+
+
+def test_both_attacks_are_registered_reconstruction_attacks_on_client_updates():
+    for name in ("april", "inverting_gradients"):
+        cls = ATTACKS.get(name)
+        assert cls.views == ("client_update",) and cls.kind == "reconstruction"
+
+
+def test_april_applies_only_to_vits_with_a_learnable_positional_embedding():
+    assert April().applies(task_api("vit", tiny_vit)) is None
+    assert "vision transformer" in April().applies(task_api("resnet34", tiny_resnet))
+    assert "positional embedding" in April().applies(task_api("vit", tiny_vit, pos_embed_param=None))
+
+
+# ----------------------------------------------------------------------------------------------
+# APRIL
+
+
+def test_april_positive_control_recovers_the_image_of_an_undefended_vit():
+    model, x = tiny_vit(), photo()
+    api = task_api("vit", tiny_vit)
+    rec = April().run(observe(model, client_gradient(model, x, 7), api))
+    assert rec.images.shape == (1, *SHAPE)
+    assert "failed" not in rec.details and not rec.details["underdetermined"]
+    assert ssim(rec.images[0], x) >= 0.9
+    assert rec.labels.tolist() == [7]
+
+
+def test_april_positional_embedding_over_patches_only():
+    build = lambda: tiny_vit(no_embed_class=True)  # noqa: E731  pos_embed has no class-token row
+    model, x = build(), photo("astronaut")
+    rec = April().run(observe(model, client_gradient(model, x, 2), task_api("vit", build)))
+    assert rec.details["prefix_tokens"] == 0
+    assert ssim(rec.images[0], x) >= 0.9
+
+
+def test_april_recovers_from_a_one_step_fedavg_weights_message():
+    model, x = tiny_vit(), photo()
+    grads = client_gradient(model, x, 4)
+    lr = 0.05
+    glob = {n: p.detach().clone() for n, p in model.named_parameters()}
+    weights = {n: glob[n] - lr * grads[n] for n in glob}
+    obs = observe(model, weights, task_api("vit", tiny_vit), kind="weights", global_state=glob, lr=lr, local_steps=1)
+    rec = April().run(obs)
+    assert ssim(rec.images[0], x) >= 0.9 and rec.labels.tolist() == [4]
+
+
+def test_april_negative_control_fixed_position_leaves_nothing_to_solve():
+    model, x = tiny_vit(), photo()
+    grads = client_gradient(model, x, 7)
+    grads.pop("pos_embed")  # the fixed-position defense never sends it
+    rec = April().run(observe(model, grads, task_api("vit", tiny_vit)))
+    assert rec.details["failed"] == "no positional-embedding gradient"
+    assert ssim(rec.images[0], x) < 0.3
+
+
+def test_april_under_flrsp_random_zeros_loses_the_image():
+    model, x = tiny_vit(), photo()
+    grads = client_gradient(model, x, 7)
+    clean = ssim(April().run(observe(model, grads, task_api("vit", tiny_vit))).images[0], x)
+    masked = ssim(April().run(observe(model, flrsp_mask(grads, 0.8), task_api("vit", tiny_vit))).images[0], x)
+    assert clean >= 0.9 and masked < 0.3
+
+
+def test_april_refuses_batches_larger_than_one():
+    model, x = tiny_vit(), photo()
+    obs = observe(model, client_gradient(model, x, 1), task_api("vit", tiny_vit))
+    obs = Observation(obs.view, obs.model, obs.message, obs.api, {"num_samples": 2})
+    with pytest.raises(NotApplicable):
+        April().run(obs)
+
+
+# ----------------------------------------------------------------------------------------------
+# label inference (iDLG)
+
+
+@pytest.mark.parametrize("drop_bias", [False, True])
+@pytest.mark.parametrize("arch", ["vit", "resnet"])
+def test_label_inference_is_exact_for_batch_one(arch, drop_bias):
+    build = tiny_vit if arch == "vit" else tiny_resnet
+    model, x = build(), photo("astronaut")
+    for y in (0, 3, 9):
+        grads = client_gradient(model, x, y)
+        if drop_bias:  # only the weight gradient: the rank-1 route
+            grads = {n: g for n, g in grads.items() if n not in ("head.bias", "fc.bias")}
+        labels, source = infer_labels(grads, model, 10, 1)
+        assert labels.tolist() == [y], source
+        assert ("bias" in source) != drop_bias
+
+
+def test_label_inference_without_a_classifier_gradient_says_so():
+    model = tiny_resnet()
+    labels, source = infer_labels({}, model, 10, 1)
+    assert labels.shape == (1,) and source.startswith("unavailable")
+
+
+# ----------------------------------------------------------------------------------------------
+# inverting gradients
+
+
+def _resnet_observations(its_mode: str = "eval"):
+    model, x = tiny_resnet(), photo()
+    grads = client_gradient(model, x, 3, train=its_mode == "train")
+    api = task_api("resnet", tiny_resnet)
+    return model, x, grads, api
+
+
+def test_inverting_gradients_batched_equals_one_target_at_a_time():
+    """The joint (vmapped) optimisation is the per-target optimisation, not a mixture of targets."""
+    model, x, grads, api = _resnet_observations()
+    other = client_gradient(model, photo("astronaut"), 5, train=False)
+    o1, o2 = observe(model, grads, api, model_mode="eval"), observe(model, other, api, model_mode="eval")
+    atk = InvertingGradients(iterations=4, signed=False, lr=0.01)
+    joint = atk.run_batch([o1, o2])
+    alone = [atk.run(o1), atk.run(o2)]
+    assert joint[0].details["jointly_optimised"] == 2 and alone[0].details["jointly_optimised"] == 1
+    for j, a in zip(joint, alone):
+        assert torch.allclose(j.images, a.images, atol=1e-4)
+        assert j.labels.tolist() == a.labels.tolist()
+    assert joint[0].labels.tolist() == [3] and joint[1].labels.tolist() == [5]
+
+
+def test_inverting_gradients_matches_only_the_parameters_sent():
+    model, x, grads, api = _resnet_observations()
+    sent = {n: g for n, g in grads.items() if not n.startswith("layer4")}
+    rec = InvertingGradients(iterations=2).run(observe(model, sent, api, model_mode="eval"))
+    assert rec.details["matched_params"] == len(sent) < len(grads)
+    assert rec.images.shape == (1, *SHAPE)
+
+
+def test_inverting_gradients_stays_in_the_valid_pixel_box():
+    model, x, grads, api = _resnet_observations()
+    rec = InvertingGradients(iterations=3, lr=1.0).run(observe(model, grads, api, model_mode="eval"))
+    lo, hi = (0 - MEAN[0]) / STD[0], (1 - MEAN[0]) / STD[0]
+    assert rec.images.min() >= lo - 1e-6 and rec.images.max() <= hi + 1e-6
+
+
+def test_inverting_gradients_unrolls_local_sgd_steps_of_a_weights_message():
+    model, x, grads, api = _resnet_observations()
+    glob = {n: p.detach().clone() for n, p in model.named_parameters()}
+    weights = {n: glob[n] - 0.01 * grads[n] for n in glob}
+    obs = observe(model, weights, api, kind="weights", global_state=glob, lr=0.01, local_steps=2, model_mode="eval")
+    rec = InvertingGradients(iterations=2).run(obs)
+    assert rec.details["unrolled_steps"] == 2 and rec.details["message_kind"] == "weights"
+    assert rec.labels.tolist() == [3]
+
+
+def test_train_mode_batchnorm_with_one_value_per_channel_falls_back_to_eval():
+    """The standard stem and stages leave 1x1 at 32 px: train-mode BatchNorm cannot run on one image."""
+    def build():
+        torch.manual_seed(0)
+        return ResNet(BasicBlock, (1, 1, 1, 1), num_classes=10, channels=(8, 8, 8, 8))
+
+    model = build()
+    x = torch.randn(3, 32, 32)
+    grads = client_gradient(model, x, 1, train=False)
+    rec = InvertingGradients(iterations=1).run(observe(model, grads, task_api("resnet", build), model_mode="train"))
+    assert rec.details["model_mode"].startswith("eval")
