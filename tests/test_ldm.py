@@ -209,15 +209,15 @@ def test_negative_control_base_model_is_at_chance(smoke_task):
 
 @pytest.mark.slow
 def test_positive_control_overfit_lora_is_detected_by_a_loss_threshold(smoke_task):
-    """Plain LoRA over-fitted on 8 members (60 epochs, lr 1e-2): -loss separates them from 8 non-members."""
+    """Plain LoRA over-fitted on 8 members (300 epochs, lr 5e-3): -loss separates them from 8 non-members."""
     from bench.fl import run_federated
     from bench.registry import DEFENSES, build
     from bench.scenarios.ldm_t2i import Items
 
     mem = smoke_task.extras["aux_members"][:8]
     non = smoke_task.extras["te_nonmembers"][:8]
-    task = dataclasses.replace(smoke_task, central_data=Items(mem), central_epochs=60,
-                               fl=dataclasses.replace(smoke_task.fl, lr=1e-2, batch_size=8))
+    task = dataclasses.replace(smoke_task, central_data=Items(mem), central_epochs=300,
+                               fl=dataclasses.replace(smoke_task.fl, lr=5e-3, batch_size=8))
     model, _ = run_federated(task, build(DEFENSES.get("lora"), {}, "defense"), seed=0)
     with torch.no_grad():
         s = torch.cat([-task.api.per_sample_loss(model, task.api.collate(mem)),

@@ -67,7 +67,7 @@ PRESETS: dict[str, Preset] = {
     # denoises at all (a random UNet's LoRA barely memorises); cached. 10 epochs of 32 members = 40 steps.
     "smoke": Preset(
         model=ldm.LDMConfig(vae_channels=(8, 8, 16), unet_channels=(16, 32), text="hash", text_dim=32, text_len=12,
-                            lora_r=4, lora_alpha=4.0, unet_steps=160, unet_batch=16),
+                            lora_r=8, lora_alpha=8.0, unet_steps=160, unet_batch=16),
         n_aux_m=16, n_te_m=16, n_aux_nm=16, n_te_nm=16, n_heldout=16, n_public=512,
         fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=5, batch_size=8, lr=5e-3,
                     optimizer="adamw", weight_decay=0.0),
