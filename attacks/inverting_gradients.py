@@ -200,7 +200,7 @@ class InvertingGradients(Attack):
     kind = "reconstruction"
     paper = "Geiping et al. 2020 (Inverting Gradients); papers/003 Eq. 4-5"
 
-    iterations: int = 300
+    iterations: int | None = None  # None: the scenario's (info["inversion_iterations"]; 24,000 in paper)
     lr: float = 0.1
     tv: float = 0.2
     restarts: int = 1
@@ -215,7 +215,7 @@ class InvertingGradients(Attack):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.iterations < 1 or self.restarts < 1:
+        if (self.iterations is not None and self.iterations < 1) or self.restarts < 1:
             raise ValueError("iterations and restarts must be >= 1")
         if self.lr <= 0 or self.tv < 0:
             raise ValueError("lr must be > 0 and tv >= 0")
@@ -331,7 +331,7 @@ class InvertingGradients(Attack):
         X = nn.Parameter(torch.max(torch.min(x0, hi), lo) if self.boxed else x0)
         step = vmap(grad_and_value(objective, has_aux=True), in_dims=(0, 0, 0, 0 if masked else None), randomness="different")
         opt = torch.optim.Adam([X], lr=self.lr)
-        its = self.iterations
+        its = self.iterations or int(jobs[0].obs.api.info.get("inversion_iterations", 300))
         sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[its * 3 // 8, its * 5 // 8, its * 7 // 8], gamma=0.1) \
             if self.lr_decay else None
         for _ in progress(range(its), desc=f"inverting gradients ({T} target{'s' * (T > 1)})", leave=False):

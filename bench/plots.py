@@ -16,13 +16,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 PNG_META = {"Software": None}  # no version string: the same records give the same bytes
 FPR_GRID = np.logspace(-3, 0, 200)
 
 
-def _save(fig, path: Path, dpi: int = 90) -> str:
-    fig.tight_layout()
+def _save(fig, path: Path, dpi: int = 90, *, tight: bool = False) -> str:
+    if tight:
+        fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, metadata=PNG_META)
     plt.close(fig)
@@ -48,17 +50,19 @@ def save_grid(originals: np.ndarray, recon: np.ndarray, path: Path, *, title: st
     axes[1][0].set_ylabel("reconstruction", fontsize=8)
     if title:
         fig.suptitle(title, fontsize=9)
-    return _save(fig, path, dpi=80)
+    return _save(fig, path, dpi=80, tight=True)
 
 
 def save_roc(curves: dict[str, tuple[Sequence[float], Sequence[float]]], path: Path, *, title: str = "") -> str:
     """Log-scale ROC curves (Carlini et al. 2022 style), one line per label."""
     fig, ax = plt.subplots(figsize=(4.6, 4.2))
+    fig.subplots_adjust(left=0.15, right=0.97, bottom=0.12, top=0.91)
     for name, (fpr, tpr) in curves.items():
         ax.plot(np.maximum(fpr, 1e-3), np.maximum(tpr, 1e-3), label=name, lw=1.2)
     ax.plot([1e-3, 1], [1e-3, 1], "k--", lw=0.8)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    plain_log_ticks(ax, "xy")
     ax.set_xlim(1e-3, 1)
     ax.set_ylim(1e-3, 1.05)
     ax.set_xlabel("false positive rate")
@@ -66,6 +70,15 @@ def save_roc(curves: dict[str, tuple[Sequence[float], Sequence[float]]], path: P
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=6, loc="lower right")
     return _save(fig, path)
+
+
+def plain_log_ticks(ax, which: str) -> None:
+    """Log axes with plain decimal labels (mathtext tick labels are slow to lay out)."""
+    fmt = FuncFormatter(lambda v, _: f"{v:g}")
+    for w in which:
+        axis = ax.xaxis if w == "x" else ax.yaxis
+        axis.set_major_formatter(fmt)
+        axis.set_minor_formatter(NullFormatter())
 
 
 def mean_roc(rocs: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
@@ -80,6 +93,8 @@ def save_tradeoff(panels: list[dict], path: Path, *, title: str = "") -> str:
     cols = min(3, n)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.8 * rows), squeeze=False)
+    fig.subplots_adjust(left=0.08 / cols ** 0.5, right=0.98, bottom=0.12 / rows, top=1 - 0.12 / rows, wspace=0.3,
+                        hspace=0.45)
     for ax, p in zip(axes.flat, panels):
         for pt in p["points"]:
             xerr = [[pt["x"] - pt["xlo"]], [pt["xhi"] - pt["x"]]] if not math.isnan(pt["xlo"]) else None
@@ -103,7 +118,8 @@ def save_distributions(data: dict[str, Sequence[float]], path: Path, *, xlabel: 
     """Per-defense distributions (box + points), e.g. per-image SSIM as papers/003 Fig. 12."""
     labels = list(data)
     fig, ax = plt.subplots(figsize=(6, 0.45 * len(labels) + 1.4))
-    ax.boxplot([np.asarray(data[k], float) for k in labels], vert=False, widths=0.6, showfliers=False)
+    fig.subplots_adjust(left=0.3, right=0.97, bottom=0.8 / fig.get_figheight(), top=1 - 0.45 / fig.get_figheight())
+    ax.boxplot([np.asarray(data[k], float) for k in labels], orientation="horizontal", widths=0.6, showfliers=False)
     rng = np.random.default_rng(0)
     for i, k in enumerate(labels, start=1):
         v = np.asarray(data[k], float)
@@ -123,6 +139,7 @@ def save_bars(values: dict[str, tuple[float, float]], path: Path, *, xlabel: str
     up = np.array([values[k][0] for k in labels])
     down = np.array([values[k][1] for k in labels])
     fig, ax = plt.subplots(figsize=(6, 0.4 * len(labels) + 1.4))
+    fig.subplots_adjust(left=0.3, right=0.9, bottom=0.8 / fig.get_figheight(), top=1 - 0.45 / fig.get_figheight())
     y = np.arange(len(labels))
     ax.barh(y, up, label="client -> server")
     ax.barh(y, down, left=up, label="server -> client")
@@ -140,10 +157,12 @@ def save_bars(values: dict[str, tuple[float, float]], path: Path, *, xlabel: str
 def save_curves(series: dict[str, tuple[Sequence[float], Sequence[float]]], path: Path, *, xlabel: str,
                 ylabel: str, title: str = "", logy: bool = False) -> str:
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    fig.subplots_adjust(left=0.14, right=0.97, bottom=0.13, top=0.91)
     for name, (x, y) in series.items():
         ax.plot(x, y, marker="o" if len(x) < 2 else None, ms=4, label=name, lw=1.2)
     if logy:
         ax.set_yscale("log")
+        plain_log_ticks(ax, "y")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)

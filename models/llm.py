@@ -103,13 +103,11 @@ def smollm2_tokenizer():
     file once, ~20 s, and cached)."""
     from transformers import AutoTokenizer
 
-    model_dir, tok_dir = _smollm2_dirs() if _has_smollm2() else (None, None)
-    if model_dir is None:
-        smollm2_gguf()  # raises AssetMissing with the install hint
+    gguf = smollm2_gguf()  # AssetMissing with the install hint when the package is absent
+    model_dir, tok_dir = _smollm2_dirs()
     for d in (model_dir, tok_dir):
         if _complete(d):
             return AutoTokenizer.from_pretrained(str(d), local_files_only=True)
-    gguf = smollm2_gguf()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
     with _atomic_dir(tok_dir) as tmp:
         tok.save_pretrained(str(tmp))
@@ -129,11 +127,9 @@ def smollm2_base(*, dtype: torch.dtype = torch.float32):
     cache; the first call converts the GGUF file (de-quantised Q4_1 weights, about a minute)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    model_dir, _ = _smollm2_dirs() if _has_smollm2() else (None, None)
-    if model_dir is None:
-        smollm2_gguf()
+    gguf = smollm2_gguf()
+    model_dir, _ = _smollm2_dirs()
     if not _complete(model_dir):
-        gguf = smollm2_gguf()
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
         src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True,
                                                    dtype=torch.float32)

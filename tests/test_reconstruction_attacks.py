@@ -57,6 +57,25 @@ def tiny_resnet() -> nn.Module:
     return ResNet(BasicBlock, (1, 1, 1, 1), num_classes=10, channels=(16, 32, 64, 128), zero_init_last=False)
 
 
+def lenet() -> nn.Module:
+    """The small sigmoid CNN of Deep Leakage from Gradients (Zhu et al. 2019): a fast control."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 12, 5, padding=2, stride=2), nn.Sigmoid(),
+        nn.Conv2d(12, 12, 5, padding=2, stride=2), nn.Sigmoid(),
+        nn.Conv2d(12, 12, 5, padding=2), nn.Sigmoid(),
+        nn.Flatten(), nn.Linear(12 * 8 * 8, 10))
+
+
+def bn_cnn() -> nn.Module:
+    """A small conv net with train-mode BatchNorm: per-target batch statistics must stay per target."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, stride=2), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1, stride=2), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
+
+
 def task_api(arch: str, build, **info) -> TaskAPI:
     def loss(model, batch):
         return F.cross_entropy(model(batch[0]), batch[1])
@@ -171,7 +190,7 @@ def test_label_inference_is_exact_for_batch_one(arch, drop_bias):
     build = tiny_vit if arch == "vit" else tiny_resnet
     model, x = build(), photo("astronaut")
     for y in (0, 3, 9):
-        grads = client_gradient(model, x, y)
+        grads = client_gradient(model, x, y, train=arch == "vit")  # tiny_resnet: eval (1x1 last stage)
         if drop_bias:  # only the weight gradient: the rank-1 route
             grads = {n: g for n, g in grads.items() if n not in ("head.bias", "fc.bias")}
         labels, source = infer_labels(grads, model, 10, 1)
@@ -189,48 +208,49 @@ def test_label_inference_without_a_classifier_gradient_says_so():
 # inverting gradients
 
 
-def _resnet_observations(its_mode: str = "eval"):
-    model, x = tiny_resnet(), photo()
-    grads = client_gradient(model, x, 3, train=its_mode == "train")
-    api = task_api("resnet", tiny_resnet)
-    return model, x, grads, api
+def _bn_observations():
+    model, x = bn_cnn(), photo()
+    return model, x, client_gradient(model, x, 3), task_api("cnn", bn_cnn)
 
 
 def test_inverting_gradients_batched_equals_one_target_at_a_time():
-    """The joint (vmapped) optimisation is the per-target optimisation, not a mixture of targets."""
-    model, x, grads, api = _resnet_observations()
-    other = client_gradient(model, photo("astronaut"), 5, train=False)
-    o1, o2 = observe(model, grads, api, model_mode="eval"), observe(model, other, api, model_mode="eval")
-    atk = InvertingGradients(iterations=4, signed=False, lr=0.01)
+    """The joint (vmapped) optimisation is the per-target optimisation, not a mixture of targets
+    (train-mode BatchNorm: each target keeps its own batch statistics)."""
+    model, x, grads, api = _bn_observations()
+    other = client_gradient(model, photo("astronaut"), 5)
+    o1, o2 = observe(model, grads, api), observe(model, other, api)
+    atk = InvertingGradients(iterations=5, signed=False, lr=0.01)
     joint = atk.run_batch([o1, o2])
     alone = [atk.run(o1), atk.run(o2)]
     assert joint[0].details["jointly_optimised"] == 2 and alone[0].details["jointly_optimised"] == 1
+    assert joint[0].details["model_mode"] == "train"
     for j, a in zip(joint, alone):
         assert torch.allclose(j.images, a.images, atol=1e-4)
         assert j.labels.tolist() == a.labels.tolist()
     assert joint[0].labels.tolist() == [3] and joint[1].labels.tolist() == [5]
+    assert not torch.allclose(joint[0].images, joint[1].images)
 
 
 def test_inverting_gradients_matches_only_the_parameters_sent():
-    model, x, grads, api = _resnet_observations()
-    sent = {n: g for n, g in grads.items() if not n.startswith("layer4")}
-    rec = InvertingGradients(iterations=2).run(observe(model, sent, api, model_mode="eval"))
+    model, x, grads, api = _bn_observations()
+    sent = {n: g for n, g in grads.items() if not n.startswith("3.")}  # the second conv withheld
+    rec = InvertingGradients(iterations=2).run(observe(model, sent, api))
     assert rec.details["matched_params"] == len(sent) < len(grads)
     assert rec.images.shape == (1, *SHAPE)
 
 
 def test_inverting_gradients_stays_in_the_valid_pixel_box():
-    model, x, grads, api = _resnet_observations()
-    rec = InvertingGradients(iterations=3, lr=1.0).run(observe(model, grads, api, model_mode="eval"))
+    model, x, grads, api = _bn_observations()
+    rec = InvertingGradients(iterations=3, lr=1.0).run(observe(model, grads, api))
     lo, hi = (0 - MEAN[0]) / STD[0], (1 - MEAN[0]) / STD[0]
     assert rec.images.min() >= lo - 1e-6 and rec.images.max() <= hi + 1e-6
 
 
 def test_inverting_gradients_unrolls_local_sgd_steps_of_a_weights_message():
-    model, x, grads, api = _resnet_observations()
+    model, x, grads, api = _bn_observations()
     glob = {n: p.detach().clone() for n, p in model.named_parameters()}
     weights = {n: glob[n] - 0.01 * grads[n] for n in glob}
-    obs = observe(model, weights, api, kind="weights", global_state=glob, lr=0.01, local_steps=2, model_mode="eval")
+    obs = observe(model, weights, api, kind="weights", global_state=glob, lr=0.01, local_steps=2)
     rec = InvertingGradients(iterations=2).run(obs)
     assert rec.details["unrolled_steps"] == 2 and rec.details["message_kind"] == "weights"
     assert rec.labels.tolist() == [3]
@@ -247,16 +267,6 @@ def test_train_mode_batchnorm_with_one_value_per_channel_falls_back_to_eval():
     grads = client_gradient(model, x, 1, train=False)
     rec = InvertingGradients(iterations=1).run(observe(model, grads, task_api("resnet", build), model_mode="train"))
     assert rec.details["model_mode"].startswith("eval")
-
-
-def lenet() -> nn.Module:
-    """The small sigmoid CNN of Deep Leakage from Gradients (Zhu et al. 2019): a fast control."""
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv2d(3, 12, 5, padding=2, stride=2), nn.Sigmoid(),
-        nn.Conv2d(12, 12, 5, padding=2, stride=2), nn.Sigmoid(),
-        nn.Conv2d(12, 12, 5, padding=2), nn.Sigmoid(),
-        nn.Flatten(), nn.Linear(12 * 8 * 8, 10))
 
 
 def _inversion_controls(build, arch: str, iterations: int, **public) -> tuple[float, float, float]:

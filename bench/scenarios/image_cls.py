@@ -2,8 +2,8 @@
 
 Two tasks, ``image-cls/vit`` and ``image-cls/resnet34``, share the data and the split.
 - ``smoke``: tiny random models, 4 clients, a few hundred Fashion-MNIST images at 32 px.
-- ``default``: ViT-S/16 (patch 4) and ResNet34 at 32 px, randomly initialised, 5 IID clients on a
-  Fashion-MNIST subset sized for 1-3 CPU minutes per training run (MNIST-5k / sklearn digits if the
+- ``default``: ViT-S/16 (patch 4) and ResNet34 at 32 px, randomly initialised, 5 IID clients on 400
+  Fashion-MNIST images, 2 rounds of plain SGD, sized for 1-3 minutes per training run on an idle 2-core CPU (MNIST-5k / sklearn digits if the
   Debian package is missing; the source used is in ``task.config["data"]``).
 - ``paper``: papers/003 Table 1: ImageNet-pretrained ``vit_small_patch16_224`` / ``resnet34`` at
   224 px on CIFAR-10, 5 clients x 10,000 images, batch 32, lr 1e-5 (ViT) / 1e-4 (ResNet), 10 epochs
@@ -66,13 +66,23 @@ SPECS = {
 }
 
 
+# Inverting-gradients iterations per preset: papers/003 runs 24,000; smoke/default fit a CPU budget.
+INVERSION_ITERATIONS = {"smoke": 60, "default": 1000, "paper": 24_000}
+
+
 def fl_config(preset: str, arch: str) -> FLConfig:
+    """smoke / default train with plain SGD so that ``lr`` means the same in the FedAvg form (local SGD)
+    and the FedSGD form (the server's step on the mean gradient). ``paper``: papers/003 Table 1."""
     if preset == "smoke":
-        return FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=1, batch_size=16, lr=1e-3,
-                        optimizer="adam", mode="fedavg")
+        return FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=1, batch_size=16, lr=0.05,
+                        optimizer="sgd", mode="fedavg")
     if preset == "default":
-        return FLConfig(num_clients=5, clients_per_round=5, rounds=3, local_epochs=1, batch_size=16,
-                        lr=3e-4 if arch == "vit" else 1e-3, optimizer="adam", mode="fedavg")
+        # measured (loaded 2-core CPU, FedAvg, 400 images x 2 rounds): ResNet34 ~0.2, ViT-S/4 ~0.3-0.4 CPU-s per
+        # training image; lr chosen from a 50-step centralised sweep (ResNet34 SGD 0.05: 56% test acc.)
+        return FLConfig(num_clients=5, clients_per_round=5, rounds=2, local_epochs=1, batch_size=16,
+                        lr=0.03 if arch == "vit" else 0.05, optimizer="sgd", mode="fedavg")
+    # papers/003 Table 1: 5 clients, batch 32, lr 1e-5 (ViT) / 1e-4 (ResNet), 10 epochs. The optimiser is not
+    # named; Adam is assumed (those rates fine-tune pretrained models with Adam, not with plain SGD).
     return FLConfig(num_clients=5, clients_per_round=5, rounds=10, local_epochs=1, batch_size=32,
                     lr=1e-5 if arch == "vit" else 1e-4, optimizer="adam", mode="fedavg")
 
@@ -216,7 +226,8 @@ def build(preset: str) -> list[Task]:
         d = _datasets(src, idx, spec, fl, mean, std)
         info: dict[str, Any] = {"input_shape": (3, spec.img_size, spec.img_size), "num_classes": num_classes,
                                 "classes": tuple(src.classes), "mean": list(mean), "std": list(std),
-                                "arch": arch, "lora": False, "dp_delta": spec.dp_delta}
+                                "arch": arch, "lora": False, "dp_delta": spec.dp_delta,
+                                "inversion_iterations": INVERSION_ITERATIONS[preset]}
         if arch == "vit":
             info.update({"pos_embed_param": "pos_embed", "patch_embed_param": "patch_embed.proj.weight",
                          "patch_size": M.vit_patch_size(preset), "num_prefix_tokens": 1, "class_token": True})

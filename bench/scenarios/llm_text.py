@@ -56,8 +56,8 @@ PRESETS: dict[str, Preset] = {
     # Over-fits on purpose (many local epochs, high lr, small clients) so that the positive controls of
     # the membership attacks have something to find; a FedAvg run takes seconds.
     "smoke": Preset(
-        model="tiny-llama", data="fortunes", n_members=128, n_nonmembers=128, n_test=64, max_len=32,
-        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=3, batch_size=8, lr=1e-2,
+        model="tiny-llama", data="fortunes", n_members=96, n_nonmembers=96, n_test=64, max_len=32,
+        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=2, batch_size=8, lr=1e-2,
                     optimizer="adamw", weight_decay=0.0, dirichlet_alpha=0.5),
         lora_r=16, lora_alpha=32, lora_dropout=0.0,
         lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
@@ -163,31 +163,35 @@ def _corpus(p: Preset) -> tuple[TextCorpus, dict[str, Any]]:
     return corpus, {"data": ALPACA_GPT4_ID, "data_revision": commit, "corpus_size": len(corpus)}
 
 
-def _tokenizer_and_base(p: Preset) -> tuple[Any, Callable[[], nn.Module], dict[str, Any]]:
-    """The tokenizer and a factory of fresh base models (loaded once, deep-copied per call)."""
+def _tokenizer_and_base(p: Preset) -> tuple[Any, Callable[[], nn.Module], Any, dict[str, Any]]:
+    """The tokenizer, a factory of fresh base models (loaded once, deep-copied per call), the model
+    config (read without loading weights for the paper model) and what to record in the task config."""
     if p.model == "tiny-llama":
         tok = llm.default_tokenizer()
-        return tok, (lambda: llm.tiny_llama(tok, p.model_seed, **p.tiny)), {
-            "model": f"tiny-llama(random, seed {p.model_seed}, {p.tiny})", "tokenizer": tok.name_or_path}
+        make = lambda: llm.tiny_llama(tok, p.model_seed, **p.tiny)  # noqa: E731
+        return tok, make, make().config, {"model": f"tiny-llama(random, seed {p.model_seed}, {p.tiny})",
+                                          "tokenizer": tok.name_or_path}
     if p.model == "smollm2-135m":
         base, tok = llm.smollm2_base()
-        return tok, (lambda: copy.deepcopy(base)), {"model": f"{llm.SMOLLM2_NAME} ({llm.SMOLLM2_PACKAGE} GGUF)"}
-    tok = llm.paper_tokenizer()  # fails at once, naming hub id and revision, when not cached
-    holder: dict[str, nn.Module] = {}
+        return tok, (lambda: copy.deepcopy(base)), base.config, {
+            "model": f"{llm.SMOLLM2_NAME} ({llm.SMOLLM2_PACKAGE} {llm.md.version(llm.SMOLLM2_PACKAGE)} GGUF)"}
+    from transformers import AutoConfig
 
-    def paper_base() -> nn.Module:
-        if "m" not in holder:
-            holder["m"] = llm.paper_llm(llm.LLAMA2_ID, llm.LLAMA2_REVISION)[0]
-        return copy.deepcopy(holder["m"])
+    path = llm.resolve_local(llm.LLAMA2_ID, llm.LLAMA2_REVISION)  # fails at once, naming hub id and revision
+    tok = llm.paper_tokenizer()
 
-    return tok, paper_base, {"model": llm.LLAMA2_ID, "model_revision": llm.LLAMA2_REVISION, "quantization": "4-bit nf4"}
+    def paper_base() -> nn.Module:  # re-loaded per call: bitsandbytes 4-bit weights do not deep-copy safely
+        return llm.paper_llm(llm.LLAMA2_ID, llm.LLAMA2_REVISION)[0]
+
+    return tok, paper_base, AutoConfig.from_pretrained(str(path), local_files_only=True), {
+        "model": llm.LLAMA2_ID, "model_revision": llm.LLAMA2_REVISION, "quantization": "4-bit nf4"}
 
 
 def build_task(preset: str) -> Task:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
     p = PRESETS[preset]
-    tok, make_base, model_cfg = _tokenizer_and_base(p)
+    tok, make_base, hf_config, model_cfg = _tokenizer_and_base(p)
     corpus, data_cfg = _corpus(p)
     n = len(corpus)
     want = p.n_members + p.n_nonmembers + p.n_test
@@ -212,12 +216,10 @@ def build_task(preset: str) -> Task:
         return llm.add_lora(make_base(), r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
                             targets=p.lora_targets, seed=p.model_seed)
 
-    probe = make_base()
-    info = {"lora": True, "parts": ("text",), "num_layers": llm.num_layers(probe), "arch": "llama",
+    info = {"lora": True, "parts": ("text",), "num_layers": int(hf_config.num_hidden_layers), "arch": "llama",
             "lora_r": p.lora_r, "lora_alpha": p.lora_alpha, "lora_targets": p.lora_targets,
-            "vocab_size": int(probe.config.vocab_size), "max_len": p.max_len, "pad_id": pid,
+            "vocab_size": int(hf_config.vocab_size), "max_len": p.max_len, "pad_id": pid,
             "num_categories": len(corpus.categories)}
-    del probe
     api = TaskAPI(name="llm-text", family="llm-text", loss=lm_loss, per_sample_loss=lm_per_sample_loss,
                   collate=collate, build_model=build_model, info=info, logits=lm_logits)
     config = {**model_cfg, **data_cfg, "max_len": p.max_len, "n_members": len(member_ds),
