@@ -6,7 +6,8 @@ gradient, a step learning-rate schedule (x0.1 at 3/8, 5/8, 7/8 of the iterations
 boxed to the valid pixel range; labels come from the last layer (Zhao et al. 2020, iDLG; Yin et al.
 2021 for batches). papers/003 (FLRSP) Eq. 4-5 describe this attack as "adversarial optimisation" and
 run it with Adam, lr 1e-4, 24,000 iterations; the defaults here follow the Inverting Gradients
-preset (lr 0.1, step decay) with a smoke-sized iteration count, the harness passes the paper's.
+preset (lr 0.1, step decay); the iteration count defaults to the scenario's
+``info["inversion_iterations"]`` (300 where a task gives none).
 
 All targets of one ``run_batch`` call are optimised jointly: ``torch.func.vmap`` over the targets of a
 ``grad`` of the cosine objective (itself built on a ``grad`` of the client's loss through
@@ -103,7 +104,8 @@ def classifier_names(model: nn.Module, num_classes: int | None) -> tuple[str | N
     return w, (b if b in params and params[b].dim() == 1 else None)
 
 
-def infer_labels(grads: Mapping[str, Tensor], model: nn.Module, num_classes: int | None, num: int) -> tuple[Tensor, str]:
+def infer_labels(grads: Mapping[str, Tensor], model: nn.Module, num_classes: int | None,
+                 num: int) -> tuple[Tensor, str]:
     """Labels from the last layer's gradient (iDLG, Zhao et al. 2020; Yin et al. 2021 for ``num > 1``).
 
     With softmax cross-entropy the bias gradient is ``p - onehot(y)``: only the true class is
@@ -329,11 +331,12 @@ class InvertingGradients(Attack):
         x0 = torch.stack([self._init((batch, *shape), r, lo, hi) for r in range(R)])  # [R, B, C, H, W]
         x0 = x0.repeat(T, *[1] * (x0.dim() - 1))  # [T*R, ...], restart index inner
         X = nn.Parameter(torch.max(torch.min(x0, hi), lo) if self.boxed else x0)
-        step = vmap(grad_and_value(objective, has_aux=True), in_dims=(0, 0, 0, 0 if masked else None), randomness="different")
+        step = vmap(grad_and_value(objective, has_aux=True), in_dims=(0, 0, 0, 0 if masked else None),
+                    randomness="different")
         opt = torch.optim.Adam([X], lr=self.lr)
         its = self.iterations or int(jobs[0].obs.api.info.get("inversion_iterations", 300))
-        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[its * 3 // 8, its * 5 // 8, its * 7 // 8], gamma=0.1) \
-            if self.lr_decay else None
+        milestones = [its * 3 // 8, its * 5 // 8, its * 7 // 8]
+        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1) if self.lr_decay else None
         for _ in progress(range(its), desc=f"inverting gradients ({T} target{'s' * (T > 1)})", leave=False):
             gx, (_, _) = step(X.detach(), Y, TG, MK)
             X.grad = gx.sign() if self.signed else gx

@@ -137,7 +137,7 @@ def page(sections: list[dict], claims: list[dict]) -> str:
         imgs = [p for p in s["plots"] if p.endswith(".png")]
         if imgs:
             body.append('<h3>Plots</h3><div class="plots">')
-            body += [f'<a href="{esc(p)}"><img src="{esc(p)}" alt="{esc(p)}" loading="lazy"></a>' for p in imgs]
+            body += [f'<a href="{esc(p)}"><img src="{esc(p)}" alt="{esc(p)}"></a>' for p in imgs]
             body.append("</div>")
         body.append("</section>")
     body.append('<section id="claims"><h2>All claims</h2>' + _claims_html(claims, "claims-all") + "</section>")

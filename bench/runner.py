@@ -124,7 +124,11 @@ def run(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds
             rec["cost"] = {**_costs(train, defense), "attack_wall_s": time.time() - t1}
             rec["utility"] = dict(train.utility) if train is not None else {}
             rec["privacy"] = _privacy(task, defense, train)
-            store.write(rec)
+            try:
+                store.write(rec)
+            except (TypeError, ValueError) as e:  # an unserialisable result: keep the cell, as failed
+                rec = {**cell.skeleton(), "status": "failed", "reason": f"record not serialisable: {e}"}
+                store.write(rec)
             summary.counts[rec["status"]] += 1
             bar.update(1)
             bar.set_postfix_str(f"{cell.defense_label} x {cell.attack.name}/{cell.view}: {rec['status']}")

