@@ -325,3 +325,45 @@ def test_smollm2_loads_from_cache_and_lora_model_equals_base(tok):
     from bench.scenarios.llm_text import lm_loss
     with torch.no_grad():
         assert float(lm_loss(lora, b)) < 6.0
+
+
+# ----------------------------------------------------------------------------------------------
+# the smoke preset over-fits under plain FedAvg (what the attacks' positive controls rely on)
+
+
+@pytest.mark.slow
+def test_smoke_fedavg_client_models_overfit_their_members(smoke):
+    import dataclasses
+
+    from sklearn.metrics import roc_auc_score
+
+    from bench.fl import client_model_state, fedavg_aggregate, load_state, run_federated, standard_message
+    from bench.types import Defense
+
+    @dataclasses.dataclass
+    class PlainFedAvg(Defense):
+        def client_step(self, state, ctx):
+            return standard_message(state, ctx)
+
+        def aggregate(self, global_state, msgs, ctx):
+            return fedavg_aggregate(global_state, msgs, ctx)
+
+    def losses(model, ds):
+        dl = torch.utils.data.DataLoader(ds, batch_size=16, collate_fn=smoke.api.collate)
+        model.eval()
+        with torch.no_grad():
+            return torch.cat([smoke.api.per_sample_loss(model, b) for b in dl]).numpy()
+
+    task = dataclasses.replace(smoke, fl=dataclasses.replace(smoke.fl, local_epochs=4))
+    _, res = run_federated(task, PlainFedAvg(), seed=0)
+    model = smoke.api.build_model()
+    nonmember_loss = losses(model, smoke.nonmembers)
+    base_members = np.concatenate([losses(model, d) for d in smoke.client_data])
+    y = np.r_[np.ones(len(base_members)), np.zeros(len(nonmember_loss))]
+    assert abs(roc_auc_score(y, -np.r_[base_members, nonmember_loss]) - 0.5) < 0.15  # no distribution shift
+    aucs = []
+    for k, latest in res.client_latest.items():
+        load_state(model, client_model_state(res.global_state, latest))
+        lm, ln = losses(model, smoke.client_data[k]), losses(model, smoke.nonmembers)
+        aucs.append(roc_auc_score(np.r_[np.ones(len(lm)), np.zeros(len(ln))], -np.r_[lm, ln]))
+    assert len(aucs) == 4 and min(aucs) >= 0.8, aucs

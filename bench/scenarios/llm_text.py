@@ -61,7 +61,7 @@ PRESETS: dict[str, Preset] = {
                     optimizer="adamw", weight_decay=0.0, dirichlet_alpha=0.5),
         lora_r=16, lora_alpha=32, lora_dropout=0.0,
         lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        tiny=dict(hidden=64, layers=2, heads=4, intermediate=128), max_membership=32),
+        tiny=dict(hidden=64, layers=5, heads=4, intermediate=128), max_membership=32),
     # ~3 s per LoRA step (batch 8 x 64 tokens) on 2 cores: 3 rounds x 2 clients x 15 steps ~ 4-5 min.
     "default": Preset(
         model="smollm2-135m", data="fortunes", n_members=480, n_nonmembers=480, n_test=128, max_len=64,
