@@ -99,7 +99,14 @@ def choose_task(applies: Callable[[Any], str | None], scenario: str | None) -> t
     """The first smoke task ``applies`` accepts (in ``scenario`` if given), or None and the reasons."""
     reasons = []
     for name in [scenario] if scenario else scenario_order():
-        for task in smoke_tasks(name):
+        try:
+            tasks = smoke_tasks(name)
+        except Exception as e:  # noqa: BLE001 - one unbuildable scenario must not hide the others
+            if scenario:
+                raise
+            reasons.append(f"{name}: smoke preset does not build ({type(e).__name__}: {e})")
+            continue
+        for task in tasks:
             why = applies(task.api)
             if why is None:
                 return task, ""

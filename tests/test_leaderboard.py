@@ -180,7 +180,7 @@ def test_plots_cover_roc_tradeoff_ssim_communication_and_epsilon(tmp_path):
     d = DPGaussian(eps=2.0)
     d._delta = 1e-5
     comp = d.epsilon_composed(delta=1e-5, rounds=6, sample_rate=0.5)
-    dp_priv = {"epsilon": 2.0, "epsilon_composed": comp, "delta": 1e-5, "note": ""}
+    dp_priv = {"epsilon": 2.0, "epsilon_composed": comp, "delta": 1e-5, "note": "", "sample_rate": 0.5}
     dp_cost = {"bytes_up_per_round": 900.0, "bytes_down_per_round": 2000.0, "rounds": 6}
     recs = [rec(defense="fedavg"), rec(defense="dp_gaussian", params={"eps": 2.0, "clip": 1.0, "delta": None,
                                                                       "form": "fedavg"},
@@ -195,8 +195,10 @@ def test_plots_cover_roc_tradeoff_ssim_communication_and_epsilon(tmp_path):
     for prefix in ("roc_", "tradeoff_", "ssim_", "communication_", "epsilon_"):
         assert any(f.startswith(prefix) for f in files), (prefix, files)
     xs, ys, note = epsilon_series(recs[1])
-    assert xs[-1] == 6 and ys[-1] == pytest.approx(comp, rel=1e-3) and "sample rate 0.5" in note
-    assert all(a <= b for a, b in zip(ys, ys[1:]))  # composition only grows
+    assert xs[0] == 1 and xs[-1] == 6 and ys[-1] == pytest.approx(comp, rel=1e-3) and "sample rate 0.5" in note
+    assert all(a < b for a, b in zip(ys, ys[1:]))  # composition only grows
+    no_rate = {**recs[1], "privacy": {**dp_priv, "sample_rate": None}}
+    assert epsilon_series(no_rate)[:2] == ([6], [comp])
 
 
 # ----------------------------------------------------------------------------------------------

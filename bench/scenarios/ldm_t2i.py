@@ -64,20 +64,20 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     # Tiny model; its UNet is pre-trained for 160 steps on 512 public images (random VAE) so that it
-    # denoises at all (a random UNet's LoRA barely memorises); cached. 10 epochs of 32 members = 40 steps.
+    # denoises at all (a random UNet's LoRA barely memorises); cached. 6 epochs of 32 members = 24 steps.
     "smoke": Preset(
         model=ldm.LDMConfig(vae_channels=(8, 8, 16), unet_channels=(16, 32), text="hash", text_dim=32, text_len=12,
                             lora_r=8, lora_alpha=8.0, unet_steps=160, unet_batch=16),
         n_aux_m=16, n_te_m=16, n_aux_nm=16, n_te_nm=16, n_heldout=16, n_public=512,
-        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=5, batch_size=8, lr=5e-3,
+        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=3, batch_size=8, lr=5e-3,
                     optimizer="adamw", weight_decay=0.0),
-        central_epochs=10, gen_steps=4, max_membership=16),
+        central_epochs=6, gen_steps=4, max_membership=16),
     # Pre-trained base (see load_or_pretrain); 40 epochs of 128 members over-fit the LoRA somewhat.
     "default": Preset(
         model=ldm.LDMConfig(vae_channels=(8, 16, 32), unet_channels=(32, 64), text="minilm", text_dim=384,
                             text_len=16, lora_r=8, lora_alpha=4.0, vae_steps=300, vae_batch=32,
                             unet_steps=1000, unet_batch=64),
-        n_aux_m=64, n_te_m=64, n_aux_nm=64, n_te_nm=64, n_heldout=128, n_public=10000,
+        n_aux_m=64, n_te_m=64, n_aux_nm=64, n_te_nm=64, n_heldout=96, n_public=10000,
         fl=FLConfig(num_clients=4, clients_per_round=4, rounds=10, local_epochs=4, batch_size=8, lr=1e-3,
                     optimizer="adamw", weight_decay=0.0),
         central_epochs=40, gen_steps=20, max_membership=64),
