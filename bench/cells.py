@@ -72,7 +72,7 @@ def run_membership(task: Task, defense: Defense | None, attack: Attack, view: st
             if not train.client_latest:
                 raise ValueError("client states were not kept for this run (shared state too large)")
             state = client_model_state(train.global_state, train.client_latest.get(client, {}))
-        model = build_trained_model(task, defense, state)
+        model = build_trained_model(task, defense, state, train.global_buffers)
     (mem, non), (aux_m, aux_n) = membership_sets(task, defense, view, client, seed)
     candidates = mem + non
     labels = np.array([1] * len(mem) + [0] * len(non))

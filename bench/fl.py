@@ -174,13 +174,23 @@ class TrainResult:
     logs: dict[str, list] = field(default_factory=dict)
     wall_s: float = 0.0
     peak_mem_mb: float = 0.0
+    # Floating-point buffers (BatchNorm running statistics), averaged by FedAvg as usual FL code does.
+    # They bypass the defenses: a documented leak of the clients' input statistics.
+    global_buffers: dict[str, Tensor] = field(default_factory=dict)
 
 
-def load_state(model: nn.Module, state: dict[str, Tensor]) -> None:
+def load_state(model: nn.Module, state: dict[str, Tensor], buffers: dict[str, Tensor] | None = None) -> None:
     params = dict(model.named_parameters())
+    bufs = dict(model.named_buffers())
     with torch.no_grad():
         for n, t in state.items():
             params[n].copy_(t)
+        for n, t in (buffers or {}).items():
+            bufs[n].copy_(t)
+
+
+def float_buffers(model: nn.Module) -> dict[str, Tensor]:
+    return {n: b.detach().clone() for n, b in model.named_buffers() if b.is_floating_point()}
 
 
 def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = True, desc: str = "") -> tuple[nn.Module, TrainResult]:
@@ -203,6 +213,7 @@ def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = Tru
     model = defense.setup(task.api.build_model(), task.api)
     names = tuple(task.shared_names(model))
     global_state = current(model, names)
+    global_buffers = float_buffers(model)
     work = copy.deepcopy(model)
     privates: dict[int, dict] = {k: {} for k in range(len(datasets))}
     latest: dict[int, dict[str, Tensor]] = {}
@@ -216,9 +227,11 @@ def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = Tru
                        global_state=global_state, shared_names=names, log=logs, extras=task.extras)
         msgs = []
         down_bytes = 0
+        client_buffers = []
         for k in sel:
-            load_state(work, global_state)
+            load_state(work, global_state, global_buffers)
             msg = defense.client_step(ClientState(k, work, datasets[k], privates[k]), ctx)
+            client_buffers.append((len(datasets[k]), float_buffers(work)))
             _check_message(msg, global_state)
             msgs.append(msg)
             down = defense.downlink_names(ctx, k)
@@ -231,13 +244,16 @@ def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = Tru
                 latest.setdefault(k, {}).update({n: t.detach().clone() for n, t in msg.tensors.items()})
         bytes_down.append(down_bytes)
         global_state = defense.aggregate(global_state, msgs, ctx)
+        if global_buffers:
+            total = sum(n for n, _ in client_buffers)
+            global_buffers = {b: sum(bufs[b] * (n / total) for n, bufs in client_buffers) for b in global_buffers}
         for n, t in global_state.items():
             if not torch.isfinite(t).all():
                 raise FloatingPointError(f"round {r}: non-finite global parameter {n}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # process peak RSS
-    load_state(model, global_state)
+    load_state(model, global_state, global_buffers)
     res = TrainResult(global_state, latest, transcript, bytes_down, logs=logs, wall_s=time.time() - t0,
-                      peak_mem_mb=peak / 2**20)
+                      peak_mem_mb=peak / 2**20, global_buffers=global_buffers)
     return model, res
 
 

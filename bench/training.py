@@ -41,9 +41,10 @@ def train_key(task: Task, defense: Defense, seed: int) -> str:
                         "defense": defense.name, "params": params_of(defense), "seed": seed})
 
 
-def build_trained_model(task: Task, defense: Defense, state: dict[str, torch.Tensor]) -> nn.Module:
+def build_trained_model(task: Task, defense: Defense, state: dict[str, torch.Tensor],
+                        buffers: dict[str, torch.Tensor] | None = None) -> nn.Module:
     model = defense.setup(task.api.build_model(), task.api)
-    load_state(model, state)
+    load_state(model, state, buffers)
     model.eval()
     return model
 
