@@ -108,7 +108,7 @@ def page(sections: list[dict], claims: list[dict]) -> str:
     """The whole page; ``sections`` as built by ``bench.leaderboard.write_leaderboards``."""
     nav = " ".join(f'<a href="#{esc(s["scenario"])}">{esc(s["scenario"])}</a>' for s in sections)
     body = [f"<h1>Privacy attacks x defenses: leaderboards</h1><nav>{nav}<a href=\"#claims\">claims</a></nav>",
-            f'<p class="legend">{esc(LEGEND)} Click a column header to sort.</p>']
+            f'<p class="legend">{esc(LEGEND.replace("**", "").replace("`", ""))} Click a column header to sort.</p>']
     for s in sections:
         sc, table, meta = s["scenario"], s["table"], s["meta"]
         presets = ", ".join(sorted(set(table.preset))) if len(table) else ""

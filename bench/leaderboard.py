@@ -68,13 +68,20 @@ class Estimate:
         return not (math.isnan(self.lo) or math.isnan(self.hi))
 
     def fmt(self, digits: int = 3) -> str:
-        s = f"{self.value:.{digits}f}"
-        return s + (f" [{self.lo:.{digits - 1}f}, {self.hi:.{digits - 1}f}]" if self.has_ci() else "")
+        s = num(self.value, digits)
+        return s + (f" [{num(self.lo, digits - 1)}, {num(self.hi, digits - 1)}]" if self.has_ci() else "")
+
+
+def num(x: float, digits: int = 3) -> str:
+    """Fixed decimals in the usual range, 3 significant digits for very large or small magnitudes."""
+    if x == 0 or 1e-3 <= abs(x) < 1e4:
+        return f"{x:.{digits}f}"
+    return f"{x:.3g}"
 
 
 def bounds(metric: str) -> tuple[float, float]:
     """The natural range of a metric (intervals from normal / t approximations are clipped to it)."""
-    m = metric.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+    m = metric.rsplit(":", 1)[-1].removeprefix("utility.")
     if m in ("auroc", "advantage", "asr", "accuracy", "label_acc") or m.startswith("tpr@"):
         return 0.0, 1.0
     if m == "ssim":
@@ -458,10 +465,12 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
              and not any(c.startswith(m + ".") for m in cols_meta)]
     order = fixed + sorted(c for c in df.columns if c.startswith("utility.")) + \
         [c for c in df.columns if c.startswith("privacy.")] + [c for c in df.columns if c.startswith("cost.")]
-    for col in sorted(cols_meta):
+    col_order = sorted(cols_meta, key=lambda c: (cols_meta[c]["attack"], cols_meta[c]["view"],
+                                                  not cols_meta[c]["primary"], c))
+    for col in col_order:
         order += [c for c in (col, f"{col}.ci_low", f"{col}.ci_high", f"{col}.best", f"{col}.vs_baseline",
                               f"{col}.status") if c in df.columns]
-    meta = [{"column": c, **cols_meta[c]} for c in sorted(cols_meta)]
+    meta = [{"column": c, **cols_meta[c]} for c in col_order]
     return df[order], meta
 
 
@@ -582,6 +591,11 @@ def _num(v: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
+def _shown_estimate(r, col: str) -> Estimate:
+    lo, hi = _num(r.get(f"{col}.ci_low")), _num(r.get(f"{col}.ci_high"))
+    return Estimate(float(r[col]), math.nan if lo is None else lo, math.nan if hi is None else hi)
+
+
 def human_bytes(n: float | None) -> str:
     if n is None:
         return ""
@@ -627,7 +641,7 @@ def display(table: pd.DataFrame, meta: list[dict], *, which: str = "all") -> tup
             if v is None:
                 cells.append(Shown(st.split(":", 1)[0].split(" (")[0] if st else ""))
                 continue
-            e = Estimate(v, _num(r.get(f"{c}.ci_low")) or math.nan, _num(r.get(f"{c}.ci_high")) or math.nan)
+            e = _shown_estimate(r, c)
             vs = r.get(f"{c}.vs_baseline")
             txt = e.fmt() + MARKS.get(vs if isinstance(vs, str) else "", "") + (" (partly failed)" if st else "")
             cells.append(Shown(txt, v, bool(r.get(f"{c}.best") == 1.0)))
@@ -657,8 +671,7 @@ def shift_check(table: pd.DataFrame, meta: list[dict]) -> list[str]:
         for m in meta:
             if m["metric"] != "auroc" or _num(r.get(m["column"])) is None:
                 continue
-            e = Estimate(r[m["column"]], _num(r.get(m["column"] + ".ci_low")) or math.nan,
-                         _num(r.get(m["column"] + ".ci_high")) or math.nan)
+            e = _shown_estimate(r, m["column"])
             flag = ""
             if e.has_ci() and not e.lo <= 0.5 <= e.hi:
                 flag = " **confound: the interval excludes 0.5**"

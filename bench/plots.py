@@ -138,8 +138,8 @@ def save_bars(values: dict[str, tuple[float, float]], path: Path, *, xlabel: str
     labels = list(values)
     up = np.array([values[k][0] for k in labels])
     down = np.array([values[k][1] for k in labels])
-    fig, ax = plt.subplots(figsize=(6, 0.4 * len(labels) + 1.4))
-    fig.subplots_adjust(left=0.3, right=0.9, bottom=0.8 / fig.get_figheight(), top=1 - 0.45 / fig.get_figheight())
+    fig, ax = plt.subplots(figsize=(6, 0.4 * len(labels) + 1.8))
+    fig.subplots_adjust(left=0.3, right=0.9, bottom=1.2 / fig.get_figheight(), top=1 - 0.45 / fig.get_figheight())
     y = np.arange(len(labels))
     ax.barh(y, up, label="client -> server")
     ax.barh(y, down, left=up, label="server -> client")
@@ -150,7 +150,7 @@ def save_bars(values: dict[str, tuple[float, float]], path: Path, *, xlabel: str
     ax.set_yticks(y, labels, fontsize=7)
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, frameon=False)
     return _save(fig, path)
 
 
@@ -212,8 +212,8 @@ def scenario_plots(res, scenario: str, table, dest: Path, out: Path) -> list[str
                 data = {k: v for k, v in data.items() if v}
                 if data:
                     p = rel / f"ssim_{slug(tag, alabel)}.png"
-                    save_distributions(data, dest / p, xlabel="SSIM per reconstructed image (all seeds)", ref=0.5,
-                                       title=f"{task} [{preset}]: {alabel} (dotted: 0.5, papers/003 threshold)")
+                    save_distributions(data, dest / p, ref=0.5, title=f"{task} [{preset}]: {alabel}",
+                                       xlabel="SSIM per reconstructed image, all seeds (dotted: 0.5, papers/003)")
                     written.append(str(p))
                 written += _copy_grids(per_def, out, dest, rel / "grids", tag, alabel)
         sub = table[(table.preset == preset) & (table.task == task)]

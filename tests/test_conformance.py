@@ -105,6 +105,15 @@ class BadEpsilon(FedAvg):
         return -1.0
 
 
+@dataclass
+class Scrambler(FedAvg):
+    name = "scrambler"
+
+    def aggregate(self, global_state, msgs, ctx):
+        g = torch.Generator().manual_seed(ctx.round)
+        return {n: 50 * torch.randn(t.shape, generator=g) for n, t in global_state.items()}
+
+
 def _check(defense) -> Report:
     rep = Report(defense.name)
     check_defense_config(defense, toy_task(n=64), rep)
@@ -139,12 +148,18 @@ def test_broken_defense_is_reported_with_the_reason(defense, check, needle):
     assert "result: " in rep.render() and "check(s) failed" in rep.render()
 
 
-def test_utility_floor_directions():
-    assert utility_floor({"accuracy": 0.5}, {"accuracy": 0.1})[0] is True
-    assert utility_floor({"accuracy": 0.0}, {"accuracy": 0.3})[0] is False
-    assert utility_floor({"test_loss": 9.0}, {"test_loss": 5.0})[0] is False
-    assert utility_floor({"test_loss": 5.2}, {"test_loss": 5.0})[0] is True
-    assert utility_floor({"accuracy": math.nan}, {"accuracy": 0.1})[0] is False
+def test_utility_floor_is_a_margin_on_the_held_out_loss():
+    assert utility_floor(1.0, 2.0)[0] is True
+    assert utility_floor(2.1, 2.0)[0] is True  # within 10%
+    assert utility_floor(2.5, 2.0)[0] is False
+    assert utility_floor(0.06, 0.0)[0] is False and utility_floor(0.04, 0.0)[0] is True  # absolute floor 0.05
+    assert utility_floor(math.nan, 2.0)[0] is False
+
+
+def test_utility_floor_fails_a_defense_that_destroys_the_model():
+    rep = _check(Scrambler())
+
+    assert "utility floor" in {c.name for c in rep.failed}, rep.render()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -129,7 +129,7 @@ def test_smoke_task_shape_and_info(smoke):
     info = smoke.api.info
     assert smoke.id == "llm-text" and smoke.preset == "smoke"
     assert info["lora"] is True and info["parts"] == ("text",) and info["arch"] == "llama"
-    assert info["num_layers"] == 2 and info["vocab_size"] >= 30000
+    assert info["num_layers"] == 5 and info["vocab_size"] >= 30000
     assert len(smoke.client_data) == smoke.fl.num_clients == 4
     assert all(len(c) > 0 for c in smoke.client_data)
     item = smoke.client_data[0][0]
