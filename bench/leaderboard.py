@@ -299,6 +299,7 @@ class Results:
     def __init__(self, records: Iterable[dict]):
         self.records = sorted(records, key=lambda r: (r.get("scenario", ""), *row_key(r), r.get("attack_label", ""),
                                                        r.get("view", ""), r.get("seed", 0), r.get("cell_id", "")))
+        self._memo: dict[tuple, Estimate | None] = {}
 
     @classmethod
     def load(cls, out: str | Path) -> "Results":
@@ -342,8 +343,11 @@ class Results:
         return seed_estimate(self.per_seed(recs, lambda r: (r.get("utility") or {}).get(key)))
 
     def metric(self, recs: Sequence[dict], metric: str) -> Estimate | None:
-        """A headline or secondary metric of one cell (one record per seed), by kind."""
-        return clipped(self._metric(recs, metric), metric)
+        """A headline or secondary metric of one cell (one record per seed), by kind (memoised)."""
+        key = (tuple(r.get("cell_id") for r in recs), metric)
+        if key not in self._memo:
+            self._memo[key] = clipped(self._metric(recs, metric), metric)
+        return self._memo[key]
 
     def _metric(self, recs: Sequence[dict], metric: str) -> Estimate | None:
         if not recs:

@@ -40,7 +40,7 @@ def rec(*, scenario="sc", task="sc/a", preset="smoke", defense="fedavg", params=
         return r
     if kind == "membership":
         s, y = member_scores(strength, n, seed)
-        metrics, roc = membership_metrics(s, y, seed=seed)
+        metrics, roc = membership_metrics(s, y, n_boot=50, seed=seed)
         r.update(metrics=metrics, roc=roc, primary="score", variants=variants or {}, n_candidates=len(y))
         if per_candidate:
             r["per_candidate"] = {"score": s, "member": y}
