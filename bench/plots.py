@@ -9,7 +9,7 @@ import math
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import matplotlib
 

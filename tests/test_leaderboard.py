@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 from sklearn.metrics import roc_auc_score, roc_curve
 
@@ -13,7 +12,7 @@ from bench import claims as C
 from bench import reported as R
 from bench.leaderboard import (Results, auroc_rows, differs, matrix_table, membership_estimate, scenario_table,
                                tpr_at_fpr_rows, write_leaderboards)
-from bench.metrics import mean_ci, membership_metrics, reconstruction_metrics, tpr_at_fpr
+from bench.metrics import mean_ci, membership_metrics, tpr_at_fpr
 from bench.plots import epsilon_series
 from bench.store import Store
 
