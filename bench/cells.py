@@ -17,17 +17,8 @@ from .fl import TrainResult, client_model_state, current, load_state
 from .metrics import membership_metrics, membership_point, mean_ci, reconstruction_metrics, to_unit
 from .plots import save_grid
 from .task import Task
-from .training import build_trained_model
+from .training import build_trained_model, target_client
 from .types import Attack, ClientState, Defense, Observation, Reconstructions, RoundCtx, Scores
-
-
-def target_client(train: TrainResult) -> int:
-    """The client the curious server reconstructs: the one that sent the most weight messages."""
-    counts: dict[int, int] = {}
-    for m in train.transcript:
-        if m["kind"] == "weights":
-            counts[m["client"]] = counts.get(m["client"], 0) + 1
-    return min(counts, key=lambda k: (-counts[k], k)) if counts else 0
 
 
 def _items(ds) -> list[Any]:
@@ -92,8 +83,10 @@ def run_membership(task: Task, defense: Defense | None, attack: Attack, view: st
         variants[name] = membership_point(s, y)
     primary = np.asarray(torch.as_tensor(out.scores[out.primary]).detach().float().cpu())
     metrics, roc = membership_metrics(primary, y, seed=seed)
+    # Per-candidate primary scores and ground truth, so seeds can be pooled and metrics recomputed.
+    per_candidate = {"score": [float(v) for v in primary], "member": [int(v) for v in y]}
     return {"metrics": metrics, "variants": variants, "roc": roc, "primary": out.primary,
-            "target_client": client if view == "client_model" else None, "n_candidates": len(y)}
+            "per_candidate": per_candidate, "target_client": client if view == "client_model" else None, "n_candidates": len(y)}
 
 
 def probe_observations(task: Task, defense: Defense, seed: int) -> tuple[list[Observation], list[Any]]:

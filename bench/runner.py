@@ -73,7 +73,11 @@ def plan(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seed
                                              f"{defense.name} exposes {'/'.join(views_of(defense))}"))
                         continue
                     for view in views:
-                        cells.append(Cell(task, defense, attack, view, seed, na=d_na or a_na))
+                        mode = defense.fl_mode() or task.fl.mode
+                        v_na = (f"client_model needs weight messages; {defense.name} sends gradients (FedSGD), "
+                                f"so there is no client model to reconstruct") \
+                            if view == "client_model" and mode == "fedsgd" else None
+                        cells.append(Cell(task, defense, attack, view, seed, na=d_na or a_na or v_na))
     return cells
 
 
@@ -123,7 +127,8 @@ def run(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds
                 rec.setdefault("traceback", traceback.format_exc(limit=8))
             rec["cost"] = {**_costs(train, defense), "attack_wall_s": time.time() - t1}
             rec["utility"] = dict(train.utility) if train is not None else {}
-            rec["privacy"] = _privacy(task, defense, train)
+            # n/a cells never trained: the composed epsilon needs the trained message structure.
+            rec["privacy"] = _privacy(task, defense, train) if not cell.na else {}
             try:
                 store.write(rec)
             except (TypeError, ValueError) as e:  # an unserialisable result: keep the cell, as failed
@@ -160,7 +165,7 @@ def _costs(train, defense) -> dict[str, Any]:
 
 def _privacy(task: Task, defense: Defense | None, train) -> dict[str, Any]:
     if defense is None:
-        return {"epsilon": None, "epsilon_composed": None, "delta": None, "note": ""}
+        return {"epsilon": None, "epsilon_composed": None, "delta": None, "sample_rate": None, "note": ""}
     delta = getattr(defense, "_delta", None) or getattr(defense, "delta", None) or task.api.info.get("dp_delta", 1e-5)
     eps = defense.epsilon(delta=delta)
     fl = task.fl
@@ -174,4 +179,5 @@ def _privacy(task: Task, defense: Defense | None, train) -> dict[str, Any]:
     note = ""
     if eps is not None and delta >= 1.0 / max(1, n):
         note = f"delta={delta:g} >= 1/n: no meaningful guarantee"
-    return {"epsilon": eps, "epsilon_composed": comp, "delta": delta if eps is not None else None, "note": note}
+    return {"epsilon": eps, "epsilon_composed": comp, "delta": delta if eps is not None else None,
+            "sample_rate": rate if eps is not None else None, "note": note}

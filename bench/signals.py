@@ -307,8 +307,13 @@ def per_sample_grad_norms(api: TaskAPI, model: nn.Module, items: Sequence[Any], 
     out: list[Tensor] = []
     vmap_ok = use_vmap
     frozen = [p for p in params.values() if not p.requires_grad]
+    # timm's fused attention has no vmap batching rule on CPU (a slow per-sample fallback): use the
+    # mathematically identical explicit softmax(QK^T)V path while taking per-sample gradients.
+    fused = [m for m in model.modules() if getattr(m, "fused_attn", False) is True]
     with eval_mode(model):
         try:
+            for m in fused:
+                m.fused_attn = False
             for p in frozen:
                 p.requires_grad_(True)
             for chunk_items in _batches(items, batch_size, desc):
@@ -327,6 +332,8 @@ def per_sample_grad_norms(api: TaskAPI, model: nn.Module, items: Sequence[Any], 
         finally:
             for p in frozen:
                 p.requires_grad_(False)
+            for m in fused:
+                m.fused_attn = True
     feats = torch.cat(out) if out else torch.zeros(0, len(names), dtype=torch.float64)
     return feats, names
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .fl import TrainResult, load_state, run_federated
+from .fl import TrainResult, client_model_state, load_state, run_federated
 from .store import atomic_write_bytes, stable_hash
 from .task import Task
 from .types import Defense, params_of
 
-# A client's reconstructed state is stored only when the shared state is small (LoRA, tiny models).
+# Above this many shared parameters only the target client's reconstructed state is stored.
 MAX_CLIENT_NUMEL = 5_000_000
 
 
@@ -41,6 +41,15 @@ def train_key(task: Task, defense: Defense, seed: int) -> str:
                         "defense": defense.name, "params": params_of(defense), "seed": seed})
 
 
+def target_client(train: TrainResult) -> int:
+    """The client the curious server reconstructs: the one that sent the most weight messages."""
+    counts: dict[int, int] = {}
+    for m in train.transcript:
+        if m["kind"] == "weights":
+            counts[m["client"]] = counts.get(m["client"], 0) + 1
+    return min(counts, key=lambda k: (-counts[k], k)) if counts else 0
+
+
 def build_trained_model(task: Task, defense: Defense, state: dict[str, torch.Tensor],
                         buffers: dict[str, torch.Tensor] | None = None) -> nn.Module:
     model = defense.setup(task.api.build_model(), task.api)
@@ -57,11 +66,19 @@ def get_training(task: Task, defense: Defense, seed: int, cache_root: Path) -> T
         return TrainResult(**blob)
     model, res = run_federated(task, defense, seed, desc=f"train {task.id} {label(defense)} s{seed}")
     numel = sum(t.numel() for t in res.global_state.values())
-    if numel > MAX_CLIENT_NUMEL:
-        res.client_latest = {}
+    if numel > MAX_CLIENT_NUMEL:  # large models: keep only the client the curious server targets
+        keep = target_client(res)
+        res.client_latest = {c: v for c, v in res.client_latest.items() if c == keep}
     model.eval()
     with torch.no_grad():
         res.utility = {k: float(v) for k, v in task.utility(model).items()}
+    if task.extras.get("client_utility") and res.client_latest:
+        # The target client's own model (papers/000 Table 1 reports client-side utility too).
+        client = target_client(res)
+        cmodel = build_trained_model(task, defense, client_model_state(res.global_state, res.client_latest.get(client, {})),
+                                     res.global_buffers)
+        with torch.no_grad():
+            res.utility.update({f"client_{k}": float(v) for k, v in task.utility(cmodel).items()})
     buf = io.BytesIO()
     torch.save(asdict(res), buf)
     atomic_write_bytes(path, buf.getvalue())

@@ -75,3 +75,25 @@ def test_training_is_cached_and_shared_by_attacks(tmp_path):
     run([task], [FedAvg()], [ToyLossMIA(), ToyMeanRecon()], [0], tmp_path)
 
     assert cached[0].stat().st_mtime == mtime
+
+
+def test_seeds_pool_from_per_candidate_scores_and_fedsgd_has_no_client_model(tmp_path):
+    from bench.leaderboard import membership_estimate
+    from defenses.fedsgd import FedSGD
+
+    task = toy_task()
+    run([task], [FedAvg(), FedSGD()], [ToyLossMIA()], [0, 1], tmp_path)
+
+    recs = records(tmp_path)
+    ok = [r for r in recs if r["defense_label"] == "fedavg" and r["view"] == "global_model"]
+    assert sorted(r["seed"] for r in ok) == [0, 1]
+    for r in ok:
+        pc = r["per_candidate"]
+        assert len(pc["score"]) == len(pc["member"]) == r["n_candidates"]
+        assert set(pc["member"]) == {0, 1}
+        assert r["privacy"]["sample_rate"] is None  # no DP
+    pooled = membership_estimate(ok, "auroc")
+    assert pooled.n_seeds == 2
+    assert pooled.value == pytest.approx(sum(r["metrics"]["auroc"]["value"] for r in ok) / 2, abs=1e-6)
+    sgd = [r for r in recs if r["defense_label"] == "fedsgd" and r["view"] == "client_model"]
+    assert sgd and all(r["status"] == "n/a" and "gradients" in r["reason"] for r in sgd)
