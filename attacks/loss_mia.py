@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from bench.registry import register_attack
-from bench.signals import loss_timesteps, per_sample_losses, seeded
+from bench.signals import loss_timesteps, per_sample_losses, seeded, single_thread
 from bench.types import Attack, Observation, Scores
 
 
@@ -67,13 +67,14 @@ def fit_attack_mlp(x_members: Tensor, x_nonmembers: Tensor, *, hidden: Sequence[
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     rng = np.random.default_rng(seed)
     half = max(1, batch_size // 2)
-    for _ in range(epochs):
-        for im, inn in balanced_batches(len(xm), len(xn), half, rng):
-            x = torch.cat([xm[im], xn[inn]])
-            y = torch.cat([torch.ones(len(im)), torch.zeros(len(inn))]).long()
-            opt.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
+    with single_thread():
+        for _ in range(epochs):
+            for im, inn in balanced_batches(len(xm), len(xn), half, rng):
+                x = torch.cat([xm[im], xn[inn]])
+                y = torch.cat([torch.ones(len(im)), torch.zeros(len(inn))]).long()
+                opt.zero_grad(set_to_none=True)
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
     model.eval()
 
     @torch.no_grad()

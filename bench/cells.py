@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import ConcatDataset
+from torch.utils.data import ConcatDataset, Subset
 
 from .fl import TrainResult, client_model_state, current, load_state
 from .metrics import membership_metrics, membership_point, mean_ci, reconstruction_metrics, to_unit
@@ -25,8 +25,45 @@ def _items(ds) -> list[Any]:
     return [ds[i] for i in range(len(ds))]
 
 
+def labels_of(ds) -> list[int] | None:
+    """The class / category of every item of ``ds`` when the dataset exposes them, else None."""
+    if isinstance(ds, Subset):
+        inner = labels_of(ds.dataset)
+        return None if inner is None else [inner[i] for i in ds.indices]
+    if isinstance(ds, ConcatDataset):
+        parts = [labels_of(d) for d in ds.datasets]
+        return None if any(p is None for p in parts) else [v for p in parts for v in p]
+    for attr in ("labels", "targets"):
+        v = getattr(ds, attr, None)
+        if v is not None:
+            return [int(c) for c in v]
+    return None
+
+
+def matched_nonmembers(members: list[int], m_labels: list[int], n_idx: list[int], n_labels: list[int]) -> list[int]:
+    """Non-member indices drawn to follow the members' label histogram (one per member, in order, without
+    replacement), topped up from the rest when a label runs out: a client's Dirichlet-skewed data against
+    the global non-member pool would otherwise let an attack win on class alone (a distribution shift)."""
+    pools: dict[int, list[int]] = {}
+    for i in n_idx:
+        pools.setdefault(n_labels[i], []).append(i)
+    chosen, short = [], 0
+    for m in members:
+        pool = pools.get(m_labels[m])
+        if pool:
+            chosen.append(pool.pop(0))
+        else:
+            short += 1
+    taken = set(chosen)
+    rest = [i for i in n_idx if i not in taken]
+    return chosen + rest[:short] + rest[short:]
+
+
 def membership_sets(task: Task, defense: Defense | None, view: str, client: int, seed: int):
-    """Members / non-members of the same distribution, split into attacker-known aux and evaluation."""
+    """Members / non-members of the same distribution, split into attacker-known aux and evaluation.
+
+    In the ``client_model`` view the members are one client's (label-skewed) data, so the non-members are
+    drawn to match that client's label histogram where the datasets expose labels."""
     if view == "client_model":
         members_ds = task.client_data[client]
     elif defense is not None and defense.setting == "central":
@@ -45,6 +82,10 @@ def membership_sets(task: Task, defense: Defense | None, view: str, client: int,
     half = n // 2
     if half < 4:
         raise ValueError(f"too few candidates for a membership cell ({n}); need at least 8 per side")
+    if view == "client_model":
+        m_lab, n_lab = labels_of(members_ds), labels_of(task.nonmembers)
+        if m_lab is not None and n_lab is not None:
+            n_idx = matched_nonmembers(m_idx[:n], m_lab, n_idx, n_lab)
     pick = lambda ds, idx: [ds[i] for i in idx]  # noqa: E731
     evaluation = pick(members_ds, m_idx[:half]), pick(task.nonmembers, n_idx[:half])
     aux = pick(members_ds, m_idx[half:n]), pick(task.nonmembers, n_idx[half:n])

@@ -6,6 +6,7 @@ valid choices and exits with code 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -28,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--defense", default="all", help="name[:param=value...], comma list, a .py path, or 'all'")
     r.add_argument("--attack", default="all", help="name[:param=value...], comma list, a .py path, or 'all'")
     r.add_argument("--preset", default="default", help=f"one of {', '.join(PRESETS)}")
+    r.add_argument("--grid", default="", choices=["", "defaults", "full"],
+                   help="a bare defense name runs its paper grid ('full') or its default configuration only "
+                        "('defaults'); default: 'defaults' on the smoke preset, 'full' otherwise")
     r.add_argument("--seeds", default="1", help="number of seeds N (seeds 0..N-1)")
     r.add_argument("--out", default="results", help="output directory (records, cache, leaderboards)")
     r.add_argument("--no-leaderboard", action="store_true", help="do not regenerate leaderboards after the run")
@@ -74,7 +78,8 @@ def build_tasks(names: list[str], preset: str):
 def cmd_run(a) -> int:
     preset = check_preset(a.preset)
     names = scenario_names(a.scenario)
-    defenses = expand(DEFENSES, a.defense)
+    full = (a.grid or ("defaults" if preset == "smoke" else "full")) == "full"
+    defenses = expand(DEFENSES, a.defense, full_grid=full)
     attacks = expand(ATTACKS, a.attack)
     seeds = parse_seeds(a.seeds)
     tasks = build_tasks(names, preset)  # may raise AssetMissing: still nothing written
@@ -106,7 +111,7 @@ def cmd_list(a) -> int:
     for name, cls in ATTACKS.items():
         print(f"  {name:20s} {cls.kind:14s} views={','.join(cls.views)}  {cls.paper}")
     tasks = build_tasks(names, preset)
-    cells = plan(tasks, expand(DEFENSES, "all"), expand(ATTACKS, "all"), [0])
+    cells = plan(tasks, expand(DEFENSES, "all", full_grid=preset != "smoke"), expand(ATTACKS, "all"), [0])
     print(f"cells at preset {preset} (one seed): {sum(c.na is None for c in cells)} apply, "
           f"{sum(c.na is not None for c in cells)} n/a")
     for c in cells:
@@ -133,6 +138,11 @@ def cmd_check(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    threads = os.environ.get("BENCH_THREADS", "").strip()
+    if threads:  # e.g. 1 on a shared machine: torch's intra-op threads then never wait on each other
+        import torch
+
+        torch.set_num_threads(int(threads))
     try:
         a = build_parser().parse_args(argv)
         return {"run": cmd_run, "list": cmd_list, "leaderboard": cmd_leaderboard, "check": cmd_check}[a.cmd](a)

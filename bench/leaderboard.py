@@ -394,6 +394,10 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
     rows_by: dict[tuple, list[dict]] = {}
     for r in recs:
         rows_by.setdefault(row_key(r), []).append(r)
+    # A defense with no applicable cell here, or an attack x view no defense admits, is only in the
+    # cross-matrix (with its reason): it would be an empty row / column in this table.
+    rows_by = {k: g for k, g in rows_by.items() if any(r["status"] != "n/a" for r in g)}
+    live = {(r["attack_label"], r["view"], r["attack_kind"]) for r in recs if r["status"] != "n/a"}
     cols_meta: dict[str, dict] = {}
     util_keys = sorted({k for r in recs for k in (r.get("utility") or {})})
     table: list[dict] = []
@@ -429,6 +433,8 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
         for r in group:
             cells.setdefault((r["attack_label"], r["view"], r["attack_kind"]), []).append(r)
         for (alabel, view, kind), cell in sorted(cells.items()):
+            if (alabel, view, kind) not in live:
+                continue
             okc = [r for r in cell if r["status"] == "ok"]
             status = _status_text(cell)
             for metric in HEADLINE.get(kind, ()):

@@ -210,10 +210,11 @@ def split_specs(arg: str, names: list[str]) -> list[str]:
     return out
 
 
-def expand(registry: Registry, arg: str) -> list[Any]:
+def expand(registry: Registry, arg: str, *, full_grid: bool = True) -> list[Any]:
     """A CLI list (``all``, names, ``name:k=v``, paths) -> instantiated configurations.
 
-    A bare name expands to the method's ``grid`` (its paper's settings); params pin one config.
+    A bare name expands to the method's ``grid`` (its paper's settings), or with ``full_grid=False`` to
+    its default configuration only (the dataclass defaults, the paper's); params pin one config.
     """
     specs = registry.names() if arg.strip() == "all" else split_specs(arg, registry.names())
     if not specs:
@@ -223,6 +224,8 @@ def expand(registry: Registry, arg: str) -> list[Any]:
         name, params = parse_spec(spec)
         cls = registry.get(name)
         configs = [dict(g) for g in cls.grid] if not params else [params]
+        if not params and not full_grid:
+            configs = [{}]
         for cfg in configs:
             out.append(build(cls, cfg, registry.kind))
     return out

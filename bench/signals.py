@@ -339,6 +339,18 @@ def per_sample_grad_norms(api: TaskAPI, model: nn.Module, items: Sequence[Any], 
 
 
 @contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """Run tiny-tensor loops (a small MLP, a few hundred steps) on one intra-op thread: thread
+    hand-offs cost more than the arithmetic there, and on a busy 2-core machine far more."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+@contextlib.contextmanager
 def seeded(seed: int) -> Iterator[None]:
     """Run a block with a fixed torch CPU seed without disturbing the caller's random stream."""
     with torch.random.fork_rng(devices=[]):

@@ -306,6 +306,22 @@ def test_inverting_gradients_positive_control_on_an_undefended_resnet():
     assert clean > masked + 0.1, (clean, masked)
 
 
+def full_resnet34() -> nn.Module:
+    """The real ResNet34 (BasicBlock [3, 4, 6, 3], 21.3M parameters) the default preset trains, as
+    models.image builds it for small inputs (no max-pool)."""
+    from models.image import resnet34
+
+    return resnet34("default", num_classes=10, img_size=32, seed=0)
+
+
+@pytest.mark.slow
+def test_inverting_gradients_positive_control_on_the_full_resnet34():
+    """The issue's control on the full architecture: undefended > random image and > FLRSP R=0.8."""
+    clean, masked, noise = _inversion_controls(full_resnet34, "resnet34", 200, model_mode="eval")
+    assert clean > noise + 0.1, (clean, noise)
+    assert clean > masked + 0.05, (clean, masked)
+
+
 def test_adaptive_mask_zeros_undoes_flrsp_against_inversion():
     """An attacker that ignores FLRSP's exact zeros (the server knows them: it averages non-zero
     entries only) matches the surviving 20% of the gradient and recovers the image again."""

@@ -97,3 +97,21 @@ def test_seeds_pool_from_per_candidate_scores_and_fedsgd_has_no_client_model(tmp
     assert pooled.value == pytest.approx(sum(r["metrics"]["auroc"]["value"] for r in ok) / 2, abs=1e-6)
     sgd = [r for r in recs if r["defense_label"] == "fedsgd" and r["view"] == "client_model"]
     assert sgd and all(r["status"] == "n/a" and "gradients" in r["reason"] for r in sgd)
+
+
+def test_client_view_nonmembers_follow_the_clients_label_histogram():
+    from bench.cells import matched_nonmembers
+
+    m_labels = [0, 0, 0, 1]  # a skewed client
+    n_labels = [1, 1, 0, 2, 0, 0, 2, 1]
+    chosen = matched_nonmembers([0, 1, 2, 3], m_labels, list(range(8)), n_labels)
+
+    assert sorted(chosen) == list(range(8))  # a permutation: every non-member still available
+    assert [n_labels[i] for i in chosen[:4]] == [0, 0, 0, 1]
+
+
+def test_matched_nonmembers_tops_up_when_a_label_runs_out():
+    from bench.cells import matched_nonmembers
+
+    chosen = matched_nonmembers([0, 1, 2], [5, 5, 5], [0, 1, 2, 3], [5, 1, 1, 1])
+    assert chosen[0] == 0 and len(set(chosen)) == 4

