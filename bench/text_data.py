@@ -263,3 +263,63 @@ def collate_pad(items: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch
         mask[b, :n] = it["attention_mask"]
     cats = torch.tensor([int(it.get("category", -1)) for it in items], dtype=torch.long)
     return {"input_ids": ids, "attention_mask": mask, "category": cats}
+
+
+class CompactVocab:
+    """A real tokenizer restricted to the token ids a corpus uses (smoke presets).
+
+    Tokenisation is the wrapped tokenizer's; ids are renumbered 0..n-1 over the tokens that occur in
+    ``texts`` plus the special tokens, so a tiny model's embedding and output layer are ~10x smaller
+    than the full 49k vocabulary (the output layer dominated a tiny Llama's compute). A token outside
+    the kept set maps to the unknown token.
+    """
+
+    def __init__(self, tokenizer, texts: Sequence[str]):
+        self.base = tokenizer
+        specials = [t for t in (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                                tokenizer.unk_token_id) if t is not None]
+        used = {i for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"] for i in ids}
+        self.to_base = sorted(set(specials) | used)
+        self.from_base = {b: i for i, b in enumerate(self.to_base)}
+        self.name_or_path = f"{getattr(tokenizer, 'name_or_path', 'tokenizer')} (compact, {len(self.to_base)} ids)"
+        self._unk = self._map_special(tokenizer.unk_token_id)
+        if self._unk is None:  # no unknown token: fall back to EOS (never needed for the corpus itself)
+            self._unk = self._map_special(tokenizer.eos_token_id) or 0
+
+    def _map_special(self, t: int | None) -> int | None:
+        return None if t is None else self.from_base[t]
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._map_special(self.base.bos_token_id)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._map_special(self.base.eos_token_id)
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._map_special(self.base.pad_token_id)
+
+    @property
+    def unk_token_id(self) -> int | None:
+        return self._map_special(self.base.unk_token_id)
+
+    def __len__(self) -> int:
+        return len(self.to_base)
+
+    def encode_ids(self, ids: Sequence[int]) -> list[int]:
+        return [self.from_base.get(int(i), self._unk) for i in ids]
+
+    def __call__(self, texts, add_special_tokens: bool = False, **kw) -> dict[str, Any]:
+        single = isinstance(texts, str)
+        enc = self.base([texts] if single else list(texts), add_special_tokens=add_special_tokens, **kw)["input_ids"]
+        ids = [self.encode_ids(e) for e in enc]
+        return {"input_ids": ids[0] if single else ids}
+
+    def decode(self, ids, skip_special_tokens: bool = False, **kw) -> str:
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        return self.base.decode([self.to_base[int(i)] for i in ids], skip_special_tokens=skip_special_tokens, **kw)
+
+    def batch_decode(self, seqs, skip_special_tokens: bool = False, **kw) -> list[str]:
+        return [self.decode(s, skip_special_tokens=skip_special_tokens, **kw) for s in seqs]

@@ -129,12 +129,26 @@ def test_smoke_task_shape_and_info(smoke):
     info = smoke.api.info
     assert smoke.id == "llm-text" and smoke.preset == "smoke"
     assert info["lora"] is True and info["parts"] == ("text",) and info["arch"] == "llama"
-    assert info["num_layers"] == 5 and info["vocab_size"] >= 30000
+    assert info["num_layers"] == 5 and 500 <= info["vocab_size"] < 30000  # compact vocabulary of the texts
     assert len(smoke.client_data) == smoke.fl.num_clients == 4
     assert all(len(c) > 0 for c in smoke.client_data)
     item = smoke.client_data[0][0]
     assert item["input_ids"].dtype == torch.long and item["attention_mask"].shape == item["input_ids"].shape
     assert len(item["input_ids"]) <= info["max_len"]
+
+
+def test_compact_vocab_round_trips_the_real_tokenizer():
+    from bench.text_data import CompactVocab
+    from models import llm
+
+    base = llm.default_tokenizer()
+    texts = ["The quick brown fox.", "A fortune: you will write tests."]
+    tok = CompactVocab(base, texts)
+
+    ids = tok(texts[1])["input_ids"]
+    assert max(ids) < len(tok) < 100 and tok.decode(ids) == base.decode(base(texts[1], add_special_tokens=False)["input_ids"])
+    assert tok.eos_token_id is not None and tok.eos_token_id < len(tok)
+    assert tok(["zebra unseen"])["input_ids"][0].count(tok.unk_token_id if tok.unk_token_id is not None else tok.eos_token_id) >= 1
 
 
 def _texts(ds) -> list[str]:

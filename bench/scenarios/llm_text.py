@@ -5,7 +5,8 @@ histogram), so a membership attack on the un-fine-tuned base model should sit at
 distribution-shift check, DESIGN.md s.2). Clients get the member texts by Dirichlet(0.5) over
 categories (Hsu et al. 2019). Presets:
 
-- ``smoke``: tiny random Llama over SmolLM2's tokenizer, a few hundred fortunes, over-fits fast.
+- ``smoke``: tiny random Llama over SmolLM2's tokenizer (restricted to the ids the texts use), a few
+  hundred fortunes, over-fits fast.
 - ``default``: SmolLM2-135M-Instruct + LoRA r=8 on q,v (FedRand's setting: AdamW lr 3e-4, wd 1e-6,
   batch 8, papers/000 s.5), on the Debian fortunes; a training run takes minutes on 2 CPU cores.
 - ``paper``: LLaMA-2-7B 4-bit on Alpaca-GPT4 with DP-FedLoRA's settings (papers/002 s.V-A).
@@ -26,7 +27,7 @@ from bench.fl import split_clients
 from bench.progress import progress
 from bench.registry import register_scenario
 from bench.task import Task
-from bench.text_data import (ALPACA_GPT4_ID, TextCorpus, TokenizedTexts, collate_pad, load_alpaca_gpt4, load_fortunes,
+from bench.text_data import (ALPACA_GPT4_ID, CompactVocab, TextCorpus, TokenizedTexts, collate_pad, load_alpaca_gpt4, load_fortunes,
                              stratified_split)
 from bench.types import FLConfig, TaskAPI
 from models import llm
@@ -48,6 +49,7 @@ class Preset:
     tiny: dict = field(default_factory=dict)  # tiny_llama sizes (smoke)
     notes: dict = field(default_factory=dict)  # recorded in the task config, e.g. the lr schedule
     max_membership: int = 64
+    compact_vocab: bool = False  # tiny model over the ids the corpus uses (text_data.CompactVocab)
     data_seed: int = 0
     model_seed: int = 0
 
@@ -61,7 +63,7 @@ PRESETS: dict[str, Preset] = {
                     optimizer="adamw", weight_decay=0.0, dirichlet_alpha=0.5),
         lora_r=16, lora_alpha=32, lora_dropout=0.0,
         lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        tiny=dict(hidden=64, layers=5, heads=4, intermediate=128), max_membership=32),
+        tiny=dict(hidden=64, layers=5, heads=4, intermediate=128), max_membership=32, compact_vocab=True),
     # ~3 s per LoRA step (batch 8 x 64 tokens) on 2 idle cores: 3 rounds x 2 clients x 15 steps ~ 4-5 min.
     # Small clients (96 member texts over 4) so each selection is ~5 local epochs (the cap binds): a
     # client sees its texts ~7 times over training, as in FedRand's 30 rounds x 1 epoch x 4/12 clients
@@ -166,11 +168,15 @@ def _corpus(p: Preset) -> tuple[TextCorpus, dict[str, Any]]:
     return corpus, {"data": ALPACA_GPT4_ID, "data_revision": commit, "corpus_size": len(corpus)}
 
 
-def _tokenizer_and_base(p: Preset) -> tuple[Any, Callable[[], nn.Module], Any, dict[str, Any]]:
+def _tokenizer_and_base(p: Preset, texts: Sequence[str] | None = None
+                        ) -> tuple[Any, Callable[[], nn.Module], Any, dict[str, Any]]:
     """The tokenizer, a factory of fresh base models (loaded once, deep-copied per call), the model
-    config (read without loading weights for the paper model) and what to record in the task config."""
+    config (read without loading weights for the paper model) and what to record in the task config.
+    ``texts``: restrict the tiny model's vocabulary to the ids these texts use (smoke)."""
     if p.model == "tiny-llama":
         tok = llm.default_tokenizer()
+        if texts is not None:
+            tok = CompactVocab(tok, texts)
         make = lambda: llm.tiny_llama(tok, p.model_seed, **p.tiny)  # noqa: E731
         return tok, make, make().config, {"model": f"tiny-llama(random, seed {p.model_seed}, {p.tiny})",
                                           "tokenizer": tok.name_or_path}
@@ -194,7 +200,8 @@ def build_task(preset: str) -> Task:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
     p = PRESETS[preset]
-    tok, make_base, hf_config, model_cfg = _tokenizer_and_base(p)
+    if not p.compact_vocab:  # the model first: a missing paper model fails at once, naming it
+        tok, make_base, hf_config, model_cfg = _tokenizer_and_base(p)
     corpus, data_cfg = _corpus(p)
     n = len(corpus)
     want = p.n_members + p.n_nonmembers + p.n_test
@@ -202,6 +209,9 @@ def build_task(preset: str) -> Task:
         raise ValueError(f"preset {preset} needs {want} texts, the corpus has {n}")
     members, nonmembers, test = stratified_split(corpus.labels, [p.n_members / n, p.n_nonmembers / n, p.n_test / n],
                                                  seed=p.data_seed)
+    if p.compact_vocab:
+        used = [corpus.texts[i] for idx in (members, nonmembers, test) for i in idx]
+        tok, make_base, hf_config, model_cfg = _tokenizer_and_base(p, used)
 
     def texts(idx: Sequence[int]) -> TokenizedTexts:
         return TokenizedTexts([corpus.texts[i] for i in idx], [corpus.labels[i] for i in idx], tok, p.max_len)

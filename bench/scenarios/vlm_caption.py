@@ -218,6 +218,12 @@ def render_items(images: np.ndarray, labels: np.ndarray, *, seed: int, split: in
     return out
 
 
+def caption_words() -> list[str]:
+    """Every word the grounded captions use (the smoke tokenizer's vocabulary besides the prompt)."""
+    phrases = ["a", ","] + list(cap.CLASS_NAMES) + list(cap.SIZES) + list(cap.TINTS) + list(cap.POSITIONS) + list(cap.ROTATIONS)
+    return [w for ph in phrases for w in ph.split()]
+
+
 def private_splits(p: Preset, tokenizer, layout: vlm.PromptLayout) -> tuple[list[dict], list[dict], list[dict]]:
     """Members, non-members, test: disjoint class-stratified slices of the Fashion-MNIST test split."""
     src = _fashion()
@@ -246,11 +252,11 @@ def public_items(p: Preset, tokenizer, layout: vlm.PromptLayout) -> list[dict]:
 def _encoder_and_lm(p: Preset) -> tuple[nn.Module, Callable[[], nn.Module], Any, dict[str, Any]]:
     """(frozen encoder, factory of fresh base LMs, tokenizer, what to record in the task config)."""
     if p.model == "tiny":
-        tok = llm.default_tokenizer()
+        tok = vlm.word_tokenizer(vlm.prompt_words() + caption_words())
         make = lambda: llm.tiny_llama(tok, p.model_seed, **p.tiny)  # noqa: E731
         return vlm.TinyCNN(p.model_seed), make, tok, {
             "model": f"tiny VLM: random CNN (seed {p.model_seed}) + tiny-llama(random, seed {p.model_seed}, {p.tiny})",
-            "tokenizer": tok.name_or_path}
+            "tokenizer": f"word-level, {len(tok)} tokens (prompt + caption vocabulary)"}
     if p.model == "effnet-smollm2":
         base, tok = llm.smollm2_base()
         return vlm.EfficientNetLite0Map(p.encoder_size), (lambda: copy.deepcopy(base)), tok, {
