@@ -240,7 +240,8 @@ def _assemble(name: str, preset: str, p: Preset, splits: dict[str, list[dict]], 
     info = {"lora": True, "num_layers": n_blocks, "arch": "unet", "parts": (),
             "lora_r": p.model.lora_r, "lora_alpha": p.model.lora_alpha, "lora_targets": p.model.lora_targets,
             "image_size": p.model.image_size, "num_timesteps": p.model.num_train_timesteps,
-            "loss_at_timestep": ldm.loss_at_timestep, "denoise_error": ldm.denoise_error,
+            "loss_at_timestep": ldm.loss_at_timestep,
+            "loss_at_timesteps": ldm.loss_at_timesteps, "denoise_error": ldm.denoise_error,
             "eval_timesteps": tuple(ldm.eval_timesteps(p.model.num_train_timesteps)), "aux_sets": True}
     api = TaskAPI(name=name, family="ldm-t2i", loss=ldm.train_loss, per_sample_loss=ldm.per_sample_loss,
                   collate=ldm.collate, build_model=build_model, info=info, logits=None)
