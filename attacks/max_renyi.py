@@ -108,4 +108,7 @@ class MaxRenyi(Attack):
                                       mod_alphas=self.mod_alphas))
         part = self.choose_part(parts, signals)
         primary = f"maxrenyi_K{self.primary_k}_a{alpha_name(self.primary_alpha)}_{part}"
-        return Scores(scores, primary=primary)
+        # papers/000 Table 4's scores (MaxRenyi-0% and -10% on every slice) keep their per-candidate values
+        keep = tuple(n for n in (f"maxrenyi_K{k}_a{alpha_name(self.primary_alpha)}_{p}" for p in parts for k in (0, 10))
+                     if n in scores)
+        return Scores(scores, primary=primary, keep=keep)

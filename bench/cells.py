@@ -124,8 +124,13 @@ def run_membership(task: Task, defense: Defense | None, attack: Attack, view: st
         variants[name] = membership_point(s, y)
     primary = np.asarray(torch.as_tensor(out.scores[out.primary]).detach().float().cpu())
     metrics, roc = membership_metrics(primary, y, seed=seed)
-    # Per-candidate primary scores and ground truth, so seeds can be pooled and metrics recomputed.
+    # Per-candidate primary scores and ground truth, so seeds can be pooled and metrics recomputed; the kept
+    # variants' scores too (their intervals: e.g. papers/000 Table 4's MaxRenyi-0% / -10% per slice).
     per_candidate = {"score": [float(v) for v in primary], "member": [int(v) for v in y]}
+    kept = {k: [float(v) for v in np.asarray(torch.as_tensor(out.scores[k]).detach().float().cpu())]
+            for k in out.keep if k != out.primary}
+    if kept:
+        per_candidate["variants"] = kept
     return {"metrics": metrics, "variants": variants, "roc": roc, "primary": out.primary,
             "per_candidate": per_candidate, "target_client": client if view == "client_model" else None, "n_candidates": len(y)}
 

@@ -358,6 +358,12 @@ class Results:
             _, name, m = metric.split(":", 2)
             if all(r.get("primary") == name for r in recs):
                 return self.metric(recs, m)
+            kept = [((r.get("per_candidate") or {}).get("variants") or {}).get(name) for r in recs]
+            if all(kept) and all(m in ((r.get("variants") or {}).get(name) or {}) for r in recs):
+                # the record kept this variant's per-candidate scores: bootstrap it like the primary score
+                as_primary = [{**r, "metrics": {k: {"value": v} for k, v in r["variants"][name].items()}, "per_candidate": {
+                    "score": s, "member": r["per_candidate"]["member"]}} for r, s in zip(recs, kept)]
+                return membership_estimate(as_primary, m, key=key + (name,))
             return seed_estimate([(r.get("variants") or {}).get(name, {}).get(m) for r in recs])
         if r0.get("attack_kind") == "reconstruction":
             return sample_estimate(recs, metric, key=key)
@@ -540,7 +546,7 @@ def to_csv_bytes(df: pd.DataFrame) -> bytes:
 
 def write_leaderboards(out: Path, dest: Path | None = None) -> list[Path]:
     """Write every scenario's leaderboard files under ``dest`` (default ``<out>/leaderboards``)."""
-    from . import claims as C, html as H, plots as P, reported as R
+    from . import claims as C, html as H, plots as P, reported as R, table4 as T4
     from .html import index_markdown, scenario_markdown
 
     out = Path(out)
@@ -552,6 +558,8 @@ def write_leaderboards(out: Path, dest: Path | None = None) -> list[Path]:
     sections = []
     rvm = R.compare(res)
     claim_rows = C.evaluate(res)
+    # papers/000 Table 4 beside Table 1, measured next to reported
+    t4 = T4.table4(res) if T4.SCENARIO in res.scenarios() else None
     for scenario in res.scenarios():
         table, meta = scenario_table(res, scenario)
         matrix = matrix_table(res, scenario)
@@ -565,10 +573,16 @@ def write_leaderboards(out: Path, dest: Path | None = None) -> list[Path]:
         s_claims = [c for c in claim_rows if c["scenario"] == scenario]
         s_rvm = rvm[rvm.scenario == scenario] if len(rvm) else rvm
         md = scenario_markdown(res, scenario, table, meta, matrix, s_claims, s_rvm, plots)
+        if scenario == T4.SCENARIO and t4 is not None:
+            md += "\n## papers/000 Table 4 and Table 1, measured beside reported\n\n" + T4.markdown(t4)
         atomic_write_bytes(dest / f"{scenario}.md", md.encode())
         written.append(dest / f"{scenario}.md")
         sections.append({"scenario": scenario, "table": table, "meta": meta, "matrix": matrix, "claims": s_claims,
                          "reported": s_rvm, "plots": plots, "res": res})
+    if t4 is not None:
+        atomic_write_bytes(dest / f"{T4.SCENARIO}_table4.csv", to_csv_bytes(t4))
+        atomic_write_bytes(dest / f"{T4.SCENARIO}_table4.md", T4.markdown(t4).encode())
+        written += [dest / f"{T4.SCENARIO}_table4.csv", dest / f"{T4.SCENARIO}_table4.md"]
     atomic_write_bytes(dest / "reported_vs_measured.csv", to_csv_bytes(rvm))
     atomic_write_bytes(dest / "claims.csv", to_csv_bytes(pd.DataFrame(claim_rows, columns=C.COLUMNS)))
     atomic_write_bytes(dest / "claims.md", C.markdown(claim_rows).encode())

@@ -5,7 +5,8 @@ Schema (``schema_version`` 1), documented in README.md "Result records":
   attack_label, attack_kind, view, seed, status ("ok" | "n/a" | "failed"), reason,
   metrics {name: {value, ci_low, ci_high}}, variants {score name: {metric: value}} (membership),
   per_sample {metric: [values per image]} (reconstruction), roc {fpr, tpr},
-  per_candidate {score, member} (membership), utility {name: value},
+  per_candidate {score, member, variants {score name: [scores]} for the attack's kept variants} (membership),
+  utility {name: value},
   privacy {epsilon, epsilon_composed, delta, sample_rate, note},
   cost {bytes_up_per_round, bytes_down_per_round, params_up_per_round, train_wall_s, attack_wall_s,
   peak_mem_mb}, artifacts {name: path relative to the output dir}, provenance {...}.

@@ -4,8 +4,8 @@ reconstruction of a client), next to the caption utility of the same training ru
 reported numbers (``leaderboards/reported/papers000_fedrand.csv``) in the adjacent columns.
 
 Measured AUROCs are in percent, as the paper prints them, with 95% intervals: the bootstrap over candidates
-(and seeds) for the attack's primary score, a Student-t interval over seeds for the other scores (the records
-keep per-candidate scores for the primary score only, so one seed gives those no interval). Utility columns
+(and seeds), from the per-candidate scores the records keep for these four variants (``Scores.keep`` in
+``attacks/max_renyi.py``); records without them (older runs) get a Student-t interval over seeds. Utility columns
 are Table 1's (BLEU-1..4, ROUGE-L, CIDEr); client rows use the target client's model (``utility.client_*``),
 where the paper averages over clients. Rows the paper does not have (the un-fine-tuned base model - the
 distribution-shift check -, DP-FedLoRA, FLRSP) have empty reported columns; DP-FedLoRA and FLRSP get one row
@@ -141,14 +141,17 @@ def markdown(df: pd.DataFrame) -> str:
             s += f" ({rv:.2f}" + ("" if math.isnan(rs) else f" ± {rs:.2f}") + ")"
         return s
 
+    from tabulate import tabulate
+
     head = ["preset", "method"] + [n for n, _, _ in SCORES] + [n for n, _ in UTILITY] + ["note"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for _, r in df.iterrows():
         cells = [r.preset, r.method]
         cells += [cell(r[n], r[f"{n} ci_low"], r[f"{n} ci_high"], r[f"{n} reported"], r[f"{n} reported spread"])
                   for n, _, _ in SCORES]
         cells += [cell(r[n], rv=r[f"{n} reported"]) for n, _ in UTILITY]
         cells.append(str(r.note or ""))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\nMaxRényi AUROC in percent, measured [95% interval] (papers/000 reported ± spread); " \
-                              "utility measured (reported, Table 1).\n"
+        rows.append(cells)
+    return tabulate(rows, headers=head, tablefmt="github", disable_numparse=True) + \
+        "\n\nMaxRényi AUROC in percent, measured [95% interval] (papers/000 reported ± spread); " \
+        "utility measured (reported, Table 1).\n"

@@ -130,12 +130,16 @@ class Scores:
 
     scores: dict[str, Tensor]  # several named score variants (e.g. MaxRenyi-K%% for each alpha, K)
     primary: str = ""
+    keep: tuple[str, ...] = ()  # further variants whose per-candidate scores the record keeps (for intervals)
 
     def __post_init__(self) -> None:
         if not self.scores:
             raise ValueError("Scores needs at least one score vector")
         if not self.primary:
             self.primary = next(iter(self.scores))
+        unknown = [k for k in (self.primary, *self.keep) if k not in self.scores]
+        if unknown:
+            raise ValueError(f"Scores: {unknown} are not among the score names {sorted(self.scores)}")
 
 
 @dataclass

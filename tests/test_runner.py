@@ -90,6 +90,7 @@ def test_seeds_pool_from_per_candidate_scores_and_fedsgd_has_no_client_model(tmp
     for r in ok:
         pc = r["per_candidate"]
         assert len(pc["score"]) == len(pc["member"]) == r["n_candidates"]
+        assert pc["variants"]["neg_loss_x2"] == pytest.approx([2 * v for v in pc["score"]])  # a kept variant
         assert set(pc["member"]) == {0, 1}
         assert r["privacy"]["sample_rate"] is None  # no DP
     pooled = membership_estimate(ok, "auroc")

@@ -448,3 +448,26 @@ def test_table4_puts_measured_scores_beside_the_reported_numbers():
     assert df.loc["FedRand (server)"].note == "not run" and math.isnan(df.loc["FedRand (server)"]["MaxRenyi-0% image"])
     assert df.loc["FLRSP (server) [flrsp(R=0.8)]"]["MaxRenyi-0% image"] == pytest.approx(51.0)
     assert "70.22" in markdown(df.reset_index())
+
+
+def test_table4_bootstraps_a_kept_variant_over_candidates_for_one_seed():
+    from bench.table4 import table4
+
+    # arrange: one seed; the record keeps MaxRenyi-0% caption's per-candidate scores (perfectly separating)
+    rec = _record("fedavg", "fedavg", {}, "global_model", 0, 0.7)
+    member = rec["per_candidate"]["member"]
+    rec["per_candidate"]["variants"] = {"maxrenyi_K0_a0.5_caption": [float(m) + 0.01 * i for i, m in enumerate(member)]}
+    rec["variants"]["maxrenyi_K0_a0.5_caption"] = {"auroc": 1.0}
+    # act
+    row = table4([rec]).set_index("method").loc["FedAvg (server)"]
+    # assert: the kept variant gets a bootstrap interval from one seed; a variant not kept gets none
+    assert row["MaxRenyi-0% caption"] == pytest.approx(100.0)
+    assert row["MaxRenyi-0% caption ci_low"] == pytest.approx(100.0) and row["MaxRenyi-0% caption ci_high"] == pytest.approx(100.0)
+    assert math.isnan(row["MaxRenyi-0% image ci_low"])
+
+
+def test_scores_reject_a_kept_name_that_is_not_a_score():
+    from bench.types import Scores
+
+    with pytest.raises(ValueError, match="not among the score names"):
+        Scores({"a": torch.zeros(2)}, keep=("b",))

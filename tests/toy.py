@@ -62,7 +62,8 @@ class ToyLossMIA(Attack):
 
     def run(self, obs, candidates):
         with torch.no_grad():
-            return Scores({"neg_loss": -obs.api.per_sample_loss(obs.model, obs.api.collate(candidates))})
+            neg = -obs.api.per_sample_loss(obs.model, obs.api.collate(candidates))
+        return Scores({"neg_loss": neg, "neg_loss_x2": 2 * neg}, keep=("neg_loss_x2",))
 
 
 @dataclass
