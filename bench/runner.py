@@ -118,6 +118,7 @@ def run(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds
                         except Exception as e:  # recorded as failed for every cell of the group
                             train_err = f"training failed: {type(e).__name__}: {e}"
                             rec["traceback"] = traceback.format_exc(limit=8)
+                        t1 = time.time()  # the attack's time excludes training (cost.train_wall_s has it)
                     if train_err:
                         raise RuntimeError(train_err)
                     rec.update(_attack_cell(cell, train, store, shared))
