@@ -311,31 +311,37 @@ def build_task(preset: str) -> Task:
         return vlm.build_vlm(copy.deepcopy(encoder), make_lm(), layout, side=p.side, projector_state=projector_state,
                              lora=lora, seed=p.model_seed, train_projector=p.train_projector)
 
-    proj_state, proj_log = None, {}
-    if p.projector_steps:
-        spec = {"model": model_cfg["model"], "side": p.side, "canvas": p.canvas, "prompt": vlm.PROMPT_PRE + vlm.PROMPT_POST,
-                "data": {"source": "fashion-mnist train", "n": p.n_public, "seed": p.data_seed, "captions": "bench.captions v1"},
-                "model_seed": p.model_seed}
-        proj_state, proj_log, _ = vlm.load_or_pretrain_projector(
-            spec, lambda: assemble(None), lambda: public_items(p, tok, layout), collate, steps=p.projector_steps,
-            batch_size=p.projector_batch, lr=p.projector_lr, seed=p.data_seed)
-    return _assemble(preset, p, lambda: assemble(proj_state), tok, layout, members, nonmembers, test, collate,
+    spec = {"model": model_cfg["model"], "side": p.side, "canvas": p.canvas, "prompt": vlm.PROMPT_PRE + vlm.PROMPT_POST,
+            "data": {"source": "fashion-mnist train", "n": p.n_public, "seed": p.data_seed, "captions": "bench.captions v1"},
+            "model_seed": p.model_seed}
+    holder: dict[str, Any] = {}
+
+    def aligned() -> vlm.SmallVLM:
+        """The VLM with the stage-1 aligned projector, pre-trained (or loaded from its cache) on first use, so
+        building the task (``bench list``, planning) stays cheap."""
+        if p.projector_steps and "state" not in holder:
+            holder["state"], holder["log"], _ = vlm.load_or_pretrain_projector(
+                spec, lambda: assemble(None), lambda: public_items(p, tok, layout), collate,
+                steps=p.projector_steps, batch_size=p.projector_batch, lr=p.projector_lr, seed=p.data_seed)
+        return assemble(holder.get("state"))
+
+    aligned.holder = holder  # type: ignore[attr-defined]
+    return _assemble(preset, p, aligned, tok, layout, members, nonmembers, test, collate,
                      {**model_cfg, "projector": {"stage1_steps": p.projector_steps, "n_public": p.n_public,
                                                  "batch": p.projector_batch, "lr": p.projector_lr,
-                                                 "trained_in_fl": p.train_projector,
-                                                 "alignment_loss": [proj_log.get("loss_first"), proj_log.get("loss_last")]},
+                                                 "trained_in_fl": p.train_projector, "spec": spec},
                       "data": "fashion-mnist test split (Debian dataset-fashion-mnist), grounded captions",
                       "canvas": p.canvas},
-                     arch="llama")
+                     arch="llama", probe=lambda: assemble(None))
 
 
 def _assemble(preset: str, p: Preset, build_model: Callable[[], vlm.SmallVLM], tok, layout: vlm.PromptLayout,
               members: list[dict], nonmembers: list[dict], test: list[dict], collate, model_cfg: dict[str, Any], *,
-              arch: str) -> Task:
+              arch: str, probe: Callable[[], vlm.SmallVLM] | None = None) -> Task:
     member_ds, nonmember_ds, test_ds = Items(members), Items(nonmembers), Items(test)
     parts = split_clients(member_ds.labels, p.fl.num_clients, p.fl.dirichlet_alpha, seed=p.data_seed)
     client_data = [Subset(member_ds, idx) for idx in parts]
-    probe = build_model()
+    probe = (probe or build_model)()  # the architecture only (no projector pre-training)
     cfg = probe.lm.get_base_model().config
     num_layers = int(getattr(cfg, "num_hidden_layers", 0) or getattr(cfg, "num_transformer_layers", 0))
     vocab = int(probe.lm.get_input_embeddings().weight.shape[0])
