@@ -226,3 +226,28 @@ class ImageDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[Tensor, int]:
         x = self._x[i] if self._x is not None else to_tensor(self.images[i:i + 1], self.size, self.mean, self.std)[0]
         return x, int(self.labels[i])
+
+
+class Items(Dataset):
+    """A list of dict items with an int ``"label"`` (the caption scenarios' datasets; collated by the task)."""
+
+    def __init__(self, items: Sequence[dict]):
+        self.items = list(items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.items[i]
+
+    @property
+    def labels(self) -> list[int]:
+        return [int(it["label"]) for it in self.items]
+
+
+def fashion_mnist_for(scenario: str) -> ImageSource:
+    """Fashion-MNIST (Debian ``dataset-fashion-mnist``), or AssetMissing naming the scenario that needs it."""
+    try:
+        return fashion_mnist()
+    except FileNotFoundError as e:
+        raise AssetMissing(f"{scenario} needs Fashion-MNIST: {e}") from None

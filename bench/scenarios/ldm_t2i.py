@@ -26,10 +26,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Subset
 
 from bench import captions as cap
 from bench.assets import AssetMissing
+from bench.data import Items, fashion_mnist_for
 from bench.fl import split_clients
 from bench.progress import progress
 from bench.registry import register_scenario
@@ -93,21 +94,7 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-class Items(Dataset):
-    """A list of items ``{"image", "text", "caption", "label", "attrs"}`` (see :func:`models.ldm.collate`)."""
-
-    def __init__(self, items: Sequence[dict[str, Any]]):
-        self.items = list(items)
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return self.items[i]
-
-    @property
-    def labels(self) -> list[int]:
-        return [int(it["label"]) for it in self.items]
+# Items (bench.data): A list of items ``{"image", "text", "caption", "label", "attrs"}`` (see :func:`models.ldm.collate`).
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,12 +102,7 @@ class Items(Dataset):
 
 
 def _fashion():
-    from bench.data import fashion_mnist
-
-    try:
-        return fashion_mnist()
-    except FileNotFoundError as e:
-        raise AssetMissing(f"ldm-t2i needs Fashion-MNIST: {e}") from None
+    return fashion_mnist_for('ldm-t2i')
 
 
 def render_items(images: np.ndarray, labels: np.ndarray, *, seed: int, split: int, canvas: int

@@ -33,6 +33,7 @@ from torch.utils.data import Dataset, Subset
 
 from bench import captions as cap
 from bench.assets import AssetMissing
+from bench.data import Items, fashion_mnist_for
 from bench.caption_metrics import make_caption_utility
 from bench.fl import split_clients
 from bench.registry import register_scenario
@@ -118,21 +119,7 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-class Items(Dataset):
-    """A list of items ``{"image", "input_ids", "caption_mask", "caption", "refs", "label", "attrs"}``."""
-
-    def __init__(self, items: Sequence[dict[str, Any]]):
-        self.items = list(items)
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return self.items[i]
-
-    @property
-    def labels(self) -> list[int]:
-        return [int(it["label"]) for it in self.items]
+# Items (bench.data): A list of items ``{"image", "input_ids", "caption_mask", "caption", "refs", "label", "attrs"}``.
 
 
 def make_collate(pad_id: int) -> Callable[[Sequence[dict[str, Any]]], dict[str, Tensor]]:
@@ -204,12 +191,7 @@ def make_generate(tokenizer, max_new_tokens: int) -> Callable[[nn.Module, dict[s
 
 
 def _fashion():
-    from bench.data import fashion_mnist
-
-    try:
-        return fashion_mnist()
-    except FileNotFoundError as e:
-        raise AssetMissing(f"vlm-caption needs Fashion-MNIST: {e}") from None
+    return fashion_mnist_for('vlm-caption')
 
 
 # Phrasings of one grounded caption (the first is bench.captions.caption). Each image is trained with one of
