@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -293,10 +294,34 @@ def _defense_order(label: str) -> tuple:
     return (0 if name == "base" else 1 if name in BASELINES else 2, label)
 
 
+def current_config(records: list[dict]) -> tuple[list[dict], dict[tuple[str, str], int]]:
+    """Keep, per (task, preset), only the records of its latest task configuration (``provenance.config_hash``
+    of the most recently started record): after a preset or data change the old records stay on disk, and
+    pooling them with the new ones as if they were seeds would mix two experiments. Returns (kept records,
+    {(task, preset): number of superseded records dropped})."""
+    latest: dict[tuple[str, str], tuple[str, str]] = {}
+    for r in records:
+        prov = r.get("provenance") or {}
+        k = (r.get("task", ""), r.get("preset", ""))
+        cand = (str(prov.get("started_at") or ""), str(prov.get("config_hash") or ""))
+        if k not in latest or cand > latest[k]:
+            latest[k] = cand
+    kept, dropped = [], {}
+    for r in records:
+        k = (r.get("task", ""), r.get("preset", ""))
+        if str((r.get("provenance") or {}).get("config_hash") or "") == latest[k][1]:
+            kept.append(r)
+        else:
+            dropped[k] = dropped.get(k, 0) + 1
+    return kept, dropped
+
+
 class Results:
-    """The records of one output directory, with selections and per-row estimates."""
+    """The records of one output directory (the latest configuration of each task), with selections and
+    per-row estimates."""
 
     def __init__(self, records: Iterable[dict]):
+        records, self.superseded = current_config(list(records))
         self.records = sorted(records, key=lambda r: (r.get("scenario", ""), *row_key(r), r.get("attack_label", ""),
                                                        r.get("view", ""), r.get("seed", 0), r.get("cell_id", "")))
         self._memo: dict[tuple, Estimate | None] = {}
@@ -552,6 +577,9 @@ def write_leaderboards(out: Path, dest: Path | None = None) -> list[Path]:
     out = Path(out)
     dest = Path(dest) if dest else out / "leaderboards"
     res = Results.load(out)
+    for (task, preset), n in sorted(res.superseded.items()):
+        print(f"leaderboard: ignored {n} records of {task} ({preset}) from a superseded task configuration "
+              f"(an earlier preset or data); they stay in {out / 'records'}", file=sys.stderr)
     written: list[Path] = []
     if not res.records:
         return written

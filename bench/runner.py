@@ -49,7 +49,8 @@ class Cell:
                 "defense_label": self.defense_label, "attack": self.attack.name,
                 "attack_params": params_of(self.attack), "attack_label": label(self.attack),
                 "attack_kind": self.attack.kind, "view": self.view, "seed": self.seed,
-                "provenance": {**provenance(), "config_hash": self.task.config_hash()}}
+                "provenance": {**provenance(), "config_hash": self.task.config_hash(),
+                               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
 
 
 def views_of(defense: Defense) -> tuple[str, ...]:

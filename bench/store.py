@@ -9,7 +9,8 @@ Schema (``schema_version`` 1), documented in README.md "Result records":
   utility {name: value},
   privacy {epsilon, epsilon_composed, delta, sample_rate, note},
   cost {bytes_up_per_round, bytes_down_per_round, params_up_per_round, train_wall_s, attack_wall_s,
-  peak_mem_mb}, artifacts {name: path relative to the output dir}, provenance {...}.
+  peak_mem_mb}, artifacts {name: path relative to the output dir}, provenance {code_version, packages,
+  config_hash, started_at, ...}.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import os
 import platform
 import subprocess
 import tempfile
+import time
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -93,6 +95,9 @@ class Store:
             rec = json.loads(p.read_text())
             if rec.get("schema_version") != SCHEMA_VERSION:
                 raise ValueError(f"{p}: schema_version {rec.get('schema_version')} != {SCHEMA_VERSION}")
+            prov = rec.setdefault("provenance", {})
+            if not prov.get("started_at"):  # records written before started_at existed: the file's time
+                prov["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(p.stat().st_mtime))
             yield rec
 
 

@@ -281,3 +281,21 @@ def test_smp_lora_and_dp_fedlora_and_flrsp_claims(tmp_path):
     assert got[("papers/002", "llm-text")]["verdict"] == "holds", got[("papers/002", "llm-text")]["evidence"]
     assert got[("papers/003", "image-cls")]["verdict"] == "holds", got[("papers/003", "image-cls")]["evidence"]
     assert got[("papers/003", "image-cls")]["direction"] == "agrees"
+
+
+def test_records_of_a_superseded_task_configuration_are_not_pooled_with_the_current_ones(tmp_path):
+    # arrange: the same cell under an old configuration (weak leakage) and, started later, a new one (strong)
+    old = rec(strength=0.0, seed=0)
+    old["cell_id"] += "-old"
+    old["provenance"] = {"config_hash": "aaaa", "started_at": "2026-01-01T00:00:00Z"}
+    new = rec(strength=3.0, seed=0)
+    new["provenance"] = {"config_hash": "bbbb", "started_at": "2026-01-02T00:00:00Z"}
+    other = rec(task="sc/b", strength=0.0)  # another task keeps its own (only) configuration
+    # act
+    res = write(tmp_path, [old, new, other])
+    # assert: only the newest configuration of sc/a is kept, and the drop is counted
+    kept = res.select(task="sc/a")
+    assert [r["provenance"]["config_hash"] for r in kept] == ["bbbb"]
+    assert res.superseded == {("sc/a", "smoke"): 1}
+    assert len(res.select(task="sc/b")) == 1
+    assert res.metric(kept, "auroc").value == pytest.approx(new["metrics"]["auroc"]["value"], abs=1e-9)
