@@ -13,7 +13,8 @@ import pandas as pd
 
 from .leaderboard import UTILITY_ORDER, VIEW_SHORT, Estimate, Results
 
-METRIC_NAMES = {"auroc": "AUROC", "tpr@0.01fpr": "TPR@1%FPR", "ssim": "SSIM", "psnr": "PSNR"}
+METRIC_NAMES = {"auroc": "AUROC", "tpr@0.01fpr": "TPR@1%FPR", "tpr@0.001fpr": "TPR@0.1%FPR", "ssim": "SSIM",
+                "psnr": "PSNR"}
 MARKS = {"less leakage": " \u25bc", "more leakage": " \u25b2"}
 
 
@@ -132,7 +133,7 @@ def scenario_markdown(res: Results, scenario: str, table: pd.DataFrame, meta: li
     n = sum(r["scenario"] == scenario for r in res.records)
     parts = [f"# Leaderboard: {scenario} (preset: {presets})", "",
              f"Regenerated from {n} result records by `python -m bench leaderboard`. {LEGEND}", ""]
-    for title, which in (("Privacy (headline) and cost", "primary"), ("Privacy (secondary metric)", "secondary")):
+    for title, which in (("Privacy (headline) and cost", "primary"), ("Privacy (secondary metrics)", "secondary")):
         header, rows = display(table, meta, which=which)
         if rows and len(header) > 3:
             parts += [f"## {title}", "", md_table(header, rows), ""]

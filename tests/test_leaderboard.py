@@ -127,7 +127,7 @@ def test_table_marks_best_group_and_comparison_with_the_baseline(tmp_path):
     assert math.isnan(t.loc["base", f"{col}.best"])  # the shift check is not ranked
     assert t.loc["flrsp(R=0.8)", f"{col}.vs_baseline"] == "less leakage"
     assert list(table.defense) == ["base", "fedavg", "dp(eps=1)", "flrsp(R=0.8)"]
-    assert {m["column"] for m in meta} == {col, "mia/global_model:tpr@0.01fpr"}
+    assert {m["column"] for m in meta} == {col, "mia/global_model:tpr@0.01fpr", "mia/global_model:tpr@0.001fpr"}
 
 
 def test_reconstruction_metrics_pool_images_over_seeds(tmp_path):
