@@ -100,7 +100,7 @@ def md_table(header: list[str], rows: list[list[Shown]]) -> str:
     return tabulate(body, headers=header, tablefmt="github", disable_numparse=True)
 
 
-LEGEND = ("Membership: AUROC and TPR at 1% FPR; reconstruction: mean SSIM and PSNR over images. "
+LEGEND = ("Membership: AUROC, TPR at 1% and 0.1% FPR; reconstruction: mean SSIM and PSNR over images. "
           "[95% interval: bootstrap over seeds and samples]. **Bold**: the column's best group (lowest leakage, "
           "AUROC ranked by its distance from 0.5, and every row the intervals cannot tell apart from it). "
           "\u25bc / \u25b2: significantly less / more leakage than the undefended baseline of the same protocol "
