@@ -116,19 +116,18 @@ def run_membership(task: Task, defense: Defense | None, attack: Attack, view: st
     if not isinstance(out, Scores):
         raise TypeError(f"membership attack {attack.name} returned {type(out).__name__}, expected Scores")
     y = labels[order]
+    arrays = {name: np.asarray(torch.as_tensor(s).detach().float().cpu()) for name, s in out.scores.items()}
     variants = {}
-    for name, s in out.scores.items():
-        s = np.asarray(torch.as_tensor(s).detach().float().cpu())
+    for name, s in arrays.items():
         if s.shape != (len(y),):
             raise ValueError(f"score {name!r} has shape {s.shape}, expected ({len(y)},)")
         variants[name] = membership_point(s, y)
-    primary = np.asarray(torch.as_tensor(out.scores[out.primary]).detach().float().cpu())
+    primary = arrays[out.primary]
     metrics, roc = membership_metrics(primary, y, seed=seed)
     # Per-candidate primary scores and ground truth, so seeds can be pooled and metrics recomputed; the kept
     # variants' scores too (their intervals: e.g. papers/000 Table 4's MaxRenyi-0% / -10% per slice).
     per_candidate = {"score": [float(v) for v in primary], "member": [int(v) for v in y]}
-    kept = {k: [float(v) for v in np.asarray(torch.as_tensor(out.scores[k]).detach().float().cpu())]
-            for k in out.keep if k != out.primary}
+    kept = {k: [float(v) for v in arrays[k]] for k in out.keep if k != out.primary}
     if kept:
         per_candidate["variants"] = kept
     return {"metrics": metrics, "variants": variants, "roc": roc, "primary": out.primary,

@@ -154,17 +154,28 @@ def _hierarchical(groups: list[Any], draw, rng: np.random.Generator, n_boot: int
     return total / seed_idx.shape[1]
 
 
-def membership_estimate(recs: Sequence[dict], metric: str, *, key: Any = "", n_boot: int = N_BOOT) -> Estimate | None:
-    """A membership metric over the seeds in ``recs`` (one record per seed, status ok)."""
-    recs = [r for r in recs if metric in (r.get("metrics") or {})]
+def membership_estimate(recs: Sequence[dict], metric: str, *, key: Any = "", n_boot: int = N_BOOT,
+                        variant: str | None = None) -> Estimate | None:
+    """A membership metric over the seeds in ``recs`` (one record per seed, status ok): of the primary score,
+    or of a ``variant`` whose per-candidate scores the records kept (``per_candidate.variants``)."""
+    def metrics_of(r: dict) -> dict:
+        if variant is None:
+            return r.get("metrics") or {}
+        return {k: {"value": v} for k, v in ((r.get("variants") or {}).get(variant) or {}).items()}
+
+    def scores_of(r: dict) -> list | None:
+        pc = r.get("per_candidate") or {}
+        return pc.get("score") if variant is None else (pc.get("variants") or {}).get(variant)
+
+    recs = [r for r in recs if metric in metrics_of(r)]
     if not recs:
         return None
     stat = _member_stat(metric)
-    samples = [r.get("per_candidate") for r in recs]
-    if stat is not None and all(s and len(s.get("score", [])) == len(s.get("member", [])) for s in samples):
+    samples = [(scores_of(r), (r.get("per_candidate") or {}).get("member")) for r in recs]
+    if stat is not None and all(sc and y and len(sc) == len(y) for sc, y in samples):
         groups = []
-        for s in samples:
-            sc, y = np.asarray(s["score"], float), np.asarray(s["member"], int)
+        for sc, y in samples:
+            sc, y = np.asarray(sc, float), np.asarray(y, int)
             groups.append((sc[y == 1], sc[y == 0]))
         if all(len(p) and len(n) for p, n in groups):
             value = float(np.mean([stat(p[None], n[None])[0] for p, n in groups]))
@@ -177,7 +188,7 @@ def membership_estimate(recs: Sequence[dict], metric: str, *, key: Any = "", n_b
             lo, hi = _pct(reps)
             return Estimate(value, lo, hi, len(recs), f"bootstrap over {'seeds x ' if len(recs) > 1 else ''}candidates",
                             reps)
-    return _from_record_cis([r["metrics"][metric] for r in recs])
+    return _from_record_cis([metrics_of(r)[metric] for r in recs])
 
 
 def _from_record_cis(ms: Sequence[dict]) -> Estimate:
@@ -385,12 +396,9 @@ class Results:
             _, name, m = metric.split(":", 2)
             if all(r.get("primary") == name for r in recs):
                 return self.metric(recs, m)
-            kept = [((r.get("per_candidate") or {}).get("variants") or {}).get(name) for r in recs]
-            if all(kept) and all(m in ((r.get("variants") or {}).get(name) or {}) for r in recs):
-                # the record kept this variant's per-candidate scores: bootstrap it like the primary score
-                as_primary = [{**r, "metrics": {k: {"value": v} for k, v in r["variants"][name].items()}, "per_candidate": {
-                    "score": s, "member": r["per_candidate"]["member"]}} for r, s in zip(recs, kept)]
-                return membership_estimate(as_primary, m, key=key + (name,))
+            if all(((r.get("per_candidate") or {}).get("variants") or {}).get(name) for r in recs):
+                # the records kept this variant's per-candidate scores: bootstrap it like the primary score
+                return membership_estimate(recs, m, key=key + (name,), variant=name)
             return seed_estimate([(r.get("variants") or {}).get(name, {}).get(m) for r in recs])
         if r0.get("attack_kind") == "reconstruction":
             return sample_estimate(recs, metric, key=key)

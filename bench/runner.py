@@ -14,7 +14,7 @@ from typing import Any
 
 from .cells import probe_observations, run_membership, run_reconstruction
 from .progress import progress_bar
-from .store import Store, provenance, stable_hash
+from .store import Store, provenance, stable_hash, utc_stamp
 from .task import Task
 from .training import get_training, label
 from .types import Attack, Defense, params_of
@@ -50,7 +50,7 @@ class Cell:
                 "attack_params": params_of(self.attack), "attack_label": label(self.attack),
                 "attack_kind": self.attack.kind, "view": self.view, "seed": self.seed,
                 "provenance": {**provenance(), "config_hash": self.task.config_hash(),
-                               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+                               "started_at": utc_stamp()}}
 
 
 def views_of(defense: Defense) -> tuple[str, ...]:

@@ -97,8 +97,13 @@ class Store:
                 raise ValueError(f"{p}: schema_version {rec.get('schema_version')} != {SCHEMA_VERSION}")
             prov = rec.setdefault("provenance", {})
             if not prov.get("started_at"):  # records written before started_at existed: the file's time
-                prov["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(p.stat().st_mtime))
+                prov["started_at"] = utc_stamp(p.stat().st_mtime)
             yield rec
+
+
+def utc_stamp(t: float | None = None) -> str:
+    """``t`` (default: now) as an ISO-8601 UTC second, e.g. 2026-11-23T12:00:00Z (sorts as text)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 @lru_cache(maxsize=1)

@@ -8,12 +8,16 @@ from pathlib import Path
 import pytest
 
 from bench.leaderboard import write_leaderboards
+from tests.assets import need
 from tests.test_leaderboard import rec, write
 
 CHROMIUM = Path("/usr/bin/chromium")
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium at /usr/bin/chromium "
-                                                               "(apt-get install -y chromium chromium-driver)")
+
+
+@pytest.fixture(autouse=True)
+def _chromium():
+    need(CHROMIUM.exists(), "needs Debian chromium at /usr/bin/chromium (apt-get install -y chromium chromium-driver)")
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from bench.assets import AssetMissing
 from bench.text_data import (TokenizedTexts, clean_text, collate_pad, load_alpaca_gpt4, load_fortunes,
                              parse_strfile, stratified_split)
 from models import llm
+from tests.assets import need
 
 HAVE_FORTUNES = llm.Path("/usr/share/games/fortunes/fortunes").is_file()
-needs_fortunes = pytest.mark.skipif(not HAVE_FORTUNES, reason="apt-get install fortunes fortunes-min")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -58,8 +58,8 @@ def test_load_fortunes_missing_names_the_debian_packages(tmp_path):
         load_fortunes(str(tmp_path / "nowhere"))
 
 
-@needs_fortunes
 def test_real_fortunes_corpus_is_large_clean_and_deterministic():
+    need(HAVE_FORTUNES, "apt-get install fortunes fortunes-min")
     c = load_fortunes()
     assert 12000 < len(c) < 15500 and len(c.categories) > 30
     assert len({t.lower() for t in c.texts}) == len(c)
@@ -112,8 +112,7 @@ def test_tokenized_texts_add_bos_eos_and_truncate(tok):
 
 @pytest.fixture(scope="module")
 def smoke():
-    if not HAVE_FORTUNES:
-        pytest.skip("apt-get install fortunes fortunes-min")
+    need(HAVE_FORTUNES, "apt-get install fortunes fortunes-min")
     from bench.scenarios.llm_text import build
 
     (task,) = build("smoke")

@@ -23,9 +23,9 @@ from bench.caption_metrics import (caption_scores, grounding_scores, make_captio
                                    parse_class, tokenize)
 from bench.types import Observation  # noqa: E402
 from models import vlm  # noqa: E402
+from tests.assets import need  # noqa: E402
 
 HAVE_FASHION = Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz").is_file()
-needs_fashion = pytest.mark.skipif(not HAVE_FASHION, reason="apt-get install dataset-fashion-mnist")
 
 
 def auroc(scores, n_members: int, n_nonmembers: int) -> float:
@@ -93,8 +93,7 @@ def test_grounding_scores_count_missing_class_as_wrong():
 
 @pytest.fixture(scope="module")
 def smoke():
-    if not HAVE_FASHION:
-        pytest.skip("apt-get install dataset-fashion-mnist")
+    need(HAVE_FASHION, "apt-get install dataset-fashion-mnist")
     from bench.scenarios.vlm_caption import build
 
     (task,) = build("smoke")
@@ -394,8 +393,7 @@ def test_paper_preset_fails_at_once_without_the_model(monkeypatch, tmp_path):
 def test_default_fedavg_model_names_the_class_of_held_out_images():
     """EfficientNet-Lite0 + SmolLM2 (aligned projector, then FedAvg LoRA on the default preset): the class
     noun parsed from greedy captions of held-out images matches their class well above chance (10%)."""
-    if not HAVE_FASHION:
-        pytest.skip("apt-get install dataset-fashion-mnist")
+    need(HAVE_FASHION, "apt-get install dataset-fashion-mnist")
     from bench.fl import run_federated
     from bench.scenarios.vlm_caption import build
     from defenses.fedavg import FedAvg

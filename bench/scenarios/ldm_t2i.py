@@ -96,9 +96,6 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-# Items (bench.data): A list of items ``{"image", "text", "caption", "label", "attrs"}`` (see :func:`models.ldm.collate`).
-
-
 # ----------------------------------------------------------------------------------------------
 # Fashion-MNIST items with grounded captions
 

@@ -119,9 +119,6 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-# Items (bench.data): A list of items ``{"image", "input_ids", "caption_mask", "caption", "refs", "label", "attrs"}``.
-
-
 def make_collate(pad_id: int) -> Callable[[Sequence[dict[str, Any]]], dict[str, Tensor]]:
     def collate(items: Sequence[dict[str, Any]]) -> dict[str, Tensor]:
         """Right-pad the token sequences; images stacked as float [B, 3, H, W] in [0, 1]. Tensors only."""
