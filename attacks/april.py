@@ -1,7 +1,7 @@
 """APRIL, closed form: read a ViT client's image straight out of its batch-1 gradient.
 
 Lu et al. 2022, "APRIL: Finding the Achilles' Heel on Privacy for Vision Transformers" (CVPR),
-as papers/003 (FLRSP) Eq. 1-3 uses it. The embedded sequence is ``z = [cls; P W^T + b] + E_pos``
+as [FLRSP] Eq. 1-3 uses it. The embedded sequence is ``z = [cls; P W^T + b] + E_pos``
 (``P``: the N flattened patches, ``W``: the patch-embedding weight, ``E_pos``: a learnable positional
 embedding added once). For one sample:
 
@@ -17,13 +17,13 @@ tokens carry no patch; their rows of ``dL/dE_pos`` (when the embedding covers th
 
 Without the positional-embedding gradient (the fixed-position defense) the patches cannot be
 separated: the attack returns the zero (mean) image with ``details["failed"]`` set. FLRSP's random
-zeros corrupt both sides of the system and the solution degrades (papers/003 s.4.3.1).
+zeros corrupt both sides of the system and the solution degrades ([FLRSP] s.4.3.1).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 from torch import Tensor
@@ -36,15 +36,15 @@ from bench.types import Attack, NotApplicable, Observation, Reconstructions, Tas
 @register_attack
 @dataclass
 class April(Attack):
-    """Closed-form APRIL (Lu et al. 2022; papers/003 Eq. 1-3) for a ViT with a learnable position
+    """Closed-form APRIL (Lu et al. 2022; [FLRSP] Eq. 1-3) for a ViT with a learnable position
     embedding and batch size 1."""
 
     views = ("client_update",)
     kind = "reconstruction"
-    paper = "Lu et al. 2022 (APRIL); papers/003 Eq. 1-3"
+    paper = "Lu et al. 2022 (APRIL); [FLRSP] Eq. 1-3"
 
     boxed: bool = True  # clamp the solution to the valid pixel range (the attacker knows it)
-    driver: str = "gelsd"  # torch.linalg.lstsq driver (CPU; gelsd handles rank deficiency)
+    driver: Literal["gels", "gelsy", "gelsd", "gelss"] = "gelsd"  # torch.linalg.lstsq driver (CPU; gelsd handles rank deficiency)
 
     def applies(self, api: TaskAPI) -> str | None:
         info = api.info

@@ -1,5 +1,5 @@
 """Gradient-based membership inference, GSA1 of Pang et al. 2023 ("White-box Membership Inference
-Attacks against Diffusion Models") as replicated in papers/004 App. G.
+Attacks against Diffusion Models") as replicated in [SMP-LoRA] App. G.
 
 For each sample: the loss (for a diffusion model averaged over ten uniformly spaced timesteps, via the
 ``api.info["loss_at_timestep"]`` hook of ``bench.signals``; else ``api.per_sample_loss``) is
@@ -19,8 +19,9 @@ import torch
 from sklearn.ensemble import GradientBoostingClassifier
 
 from attacks.loss_mia import aux_sets
+from bench.params import param
 from bench.registry import register_attack
-from bench.signals import loss_timesteps, per_sample_grad_norms, seeded
+from bench.signals import loss_timesteps, per_sample_grad_norms
 from bench.types import Attack, Observation, Scores
 
 
@@ -32,27 +33,29 @@ def gradient_features(norms: torch.Tensor) -> np.ndarray:
 @register_attack
 @dataclass
 class GradientMIA(Attack):
-    timesteps: int = 10  # GSA: ten uniformly spaced diffusion steps (only with the timestep hook)
-    n_estimators: int = 100
-    max_depth: int = 3
-    learning_rate: float = 0.1
-    batch_size: int = 8  # samples per vmap call
+    timesteps: int = param(10, ge=0, le=1000)  # GSA: ten uniformly spaced diffusion steps (only with the timestep hook)
+    n_estimators: int = param(100, ge=1, le=10_000)
+    max_depth: int = param(3, ge=1, le=64)
+    learning_rate: float = param(0.1, gt=0.0, le=10.0)
+    batch_size: int = param(8, ge=1, le=4096)  # samples per vmap call
     use_vmap: bool = True  # torch.func per-sample gradients; falls back to a per-sample loop
-    seed: int = 0
 
     views = ("global_model", "client_model", "released_model")
     kind = "membership"
-    paper = "papers/004 App. G (GSA1 of Pang et al. 2023): per-layer gradient norms + gradient boosting"
+    paper = "[SMP-LoRA] App. G (GSA1 of Pang et al. 2023): per-layer gradient norms + gradient boosting"
+    uses_aux = True  # the classifier trains on the attacker's aux members / non-members
 
     def __post_init__(self) -> None:
         if self.n_estimators < 1 or self.max_depth < 1 or self.learning_rate <= 0:
             raise ValueError("n_estimators >= 1, max_depth >= 1 and learning_rate > 0 are required")
 
     def norms(self, obs: Observation, items: list[Any], what: str) -> torch.Tensor:
+        """Per-sample per-tensor gradient norms, seeded by the cell, computed once per (model, candidates)
+        in the cell group (``obs.signals``)."""
         steps = loss_timesteps(obs.api, self.timesteps)
-        with seeded(self.seed):
-            feats, _ = per_sample_grad_norms(obs.api, obs.model, items, batch_size=self.batch_size, timesteps=steps,
-                                             use_vmap=self.use_vmap, desc=f"gradient_mia {what}")
+        feats, _ = per_sample_grad_norms(obs.api, obs.model, items, batch_size=self.batch_size, timesteps=steps,
+                                         use_vmap=self.use_vmap, desc=f"gradient_mia {what}", seed=obs.seed,
+                                         cache=obs.signals)
         return feats
 
     def run(self, obs: Observation, candidates: Sequence[Any] | None) -> Scores:
@@ -62,12 +65,12 @@ class GradientMIA(Attack):
         if not items:
             raise ValueError("gradient_mia needs candidates to score")
         aux_m, aux_n = aux_sets(obs, "gradient_mia")
-        fm, fn, fc = (self.norms(obs, xs, w) for xs, w in
-                      ((aux_m, "aux members"), (aux_n, "aux non-members"), (items, "candidates")))
+        fa, fc = self.norms(obs, aux_m + aux_n, "aux"), self.norms(obs, items, "candidates")
+        fm, fn = fa[:len(aux_m)], fa[len(aux_m):]
         x = np.concatenate([gradient_features(fm), gradient_features(fn)])
         y = np.concatenate([np.ones(len(fm)), np.zeros(len(fn))])
         clf = GradientBoostingClassifier(n_estimators=self.n_estimators, max_depth=self.max_depth,
-                                         learning_rate=self.learning_rate, random_state=self.seed)
+                                         learning_rate=self.learning_rate, random_state=obs.seed)
         clf.fit(x, y)
         p = torch.from_numpy(clf.predict_proba(gradient_features(fc))[:, 1])
         return Scores({"gsa": p, "neg_grad_norm": -fc.norm(dim=1)}, primary="gsa")

@@ -1,12 +1,12 @@
-"""Loss-based membership inference (papers/004 s.4 and App. E): a threshold on the per-sample loss, or
+"""Loss-based membership inference ([SMP-LoRA] s.4 and App. E): a threshold on the per-sample loss, or
 a learned attack model h' on the loss signal.
 
 - ``threshold``: score = -loss (white-box loss-based MIA of Hu & Pang 2023 / Matsumoto et al. 2023, as
-  used by papers/004: members have a lower adaptation loss). With a diffusion timestep hook
+  used by [SMP-LoRA]: members have a lower adaptation loss). With a diffusion timestep hook
   (``api.info["loss_at_timestep"]``, see ``bench.signals``) the loss is taken at ``timesteps`` stratified
   steps: the mean is the primary score and each step's loss is reported as ``loss_t<step>``.
 - ``proxy``: a fresh attack model h' of the proxy's shape, a 3-layer MLP [512, 256, 2] with a softmax
-  output (papers/004 App. E), trained for 100 epochs with Adam on D_aux = aux members vs aux
+  output ([SMP-LoRA] App. E), trained for 100 epochs with Adam on D_aux = aux members vs aux
   non-members in member/non-member balanced batches, applied to the candidates; score = P(member).
   Its input is the per-sample loss signal (the loss, or the per-timestep loss vector), standardised
   with the attacker's aux statistics.
@@ -20,13 +20,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bench.params import param
 from bench.registry import register_attack
 from bench.signals import loss_timesteps, per_sample_losses, seeded, single_thread
 from bench.types import Attack, Observation, Scores
 
 
 class ProxyMLP(nn.Sequential):
-    """The attack model of papers/004 App. E: Linear-ReLU layers [512, 256] then 2 logits (softmax)."""
+    """The attack model of [SMP-LoRA] App. E: Linear-ReLU layers [512, 256] then 2 logits (softmax)."""
 
     def __init__(self, in_features: int, hidden: Sequence[int] = (512, 256)):
         layers: list[nn.Module] = []
@@ -42,7 +43,7 @@ class ProxyMLP(nn.Sequential):
 
 
 def balanced_batches(n_m: int, n_nm: int, half: int, rng: np.random.Generator) -> list[tuple[np.ndarray, np.ndarray]]:
-    """One epoch of batches with ``half`` members and ``half`` non-members each (papers/004 App. E);
+    """One epoch of batches with ``half`` members and ``half`` non-members each ([SMP-LoRA] App. E);
     an epoch covers the larger side once, the smaller side is cycled."""
     half = max(1, min(half, n_m, n_nm))
     steps = int(np.ceil(max(n_m, n_nm) / half))
@@ -97,18 +98,22 @@ def aux_sets(obs: Observation, attack: str) -> tuple[list[Any], list[Any]]:
 @dataclass
 class LossMIA(Attack):
     method: Literal["threshold", "proxy"] = "threshold"
-    timesteps: int = 10  # diffusion steps the loss is taken at (only with api.info["loss_at_timestep"])
-    epochs: int = 100  # h' training epochs (papers/004 App. E)
-    lr: float = 1e-5  # Adam learning rate of h' (papers/004 App. E)
-    train_batch: int = 32  # h' batch (half members, half non-members)
-    hidden: tuple[int, ...] = (512, 256)
-    batch_size: int = 16  # candidates per forward pass
-    seed: int = 0
+    timesteps: int = param(10, ge=0, le=1000)  # diffusion steps the loss is taken at (only with api.info["loss_at_timestep"])
+    epochs: int = param(100, ge=1, le=10_000)  # h' training epochs ([SMP-LoRA] App. E)
+    lr: float = param(1e-5, gt=0.0, le=10.0)  # Adam learning rate of h' ([SMP-LoRA] App. E)
+    train_batch: int = param(32, ge=2, le=4096)  # h' batch (half members, half non-members)
+    hidden: tuple[int, ...] = param((512, 256), ge=1, le=65_536)  # hidden widths of h'
+    batch_size: int = param(16, ge=1, le=4096)  # candidates per forward pass
 
     views = ("global_model", "client_model", "released_model")
     kind = "membership"
     grid = ({"method": "threshold"}, {"method": "proxy"})
-    paper = "papers/004 (Luo et al.), s.4 and App. E: loss-based MIA and the [512, 256, 2] attack model"
+    paper = "[SMP-LoRA] (Luo et al.), s.4 and App. E: loss-based MIA and the [512, 256, 2] attack model"
+
+    @property
+    def uses_aux(self) -> bool:  # type: ignore[override]
+        """Only the proxy attack model h' trains on the attacker's aux members / non-members."""
+        return self.method == "proxy"
 
     def __post_init__(self) -> None:
         if self.method not in ("threshold", "proxy"):
@@ -124,10 +129,9 @@ class LossMIA(Attack):
             raise ValueError("loss_mia needs candidates to score")
         steps = loss_timesteps(obs.api, self.timesteps)
 
-        def losses(xs: list[Any], what: str) -> Tensor:
-            with seeded(self.seed):
-                return per_sample_losses(obs.api, obs.model, xs, batch_size=self.batch_size, timesteps=steps,
-                                         desc=f"loss_mia {what}")
+        def losses(xs: list[Any], what: str) -> Tensor:  # seeded by the cell; shared through obs.signals
+            return per_sample_losses(obs.api, obs.model, xs, batch_size=self.batch_size, timesteps=steps,
+                                     desc=f"loss_mia {what}", seed=obs.seed, cache=obs.signals)
 
         cand = losses(items, "candidates")
         scores: dict[str, Tensor] = {"neg_loss": -cand.mean(1)}
@@ -136,8 +140,8 @@ class LossMIA(Attack):
         if self.method == "threshold":
             return Scores(scores, primary="neg_loss")
         aux_m, aux_n = aux_sets(obs, "loss_mia:method=proxy")
-        predict = fit_attack_mlp(losses(aux_m, "aux members"), losses(aux_n, "aux non-members"),
-                                 hidden=self.hidden, epochs=self.epochs, lr=self.lr,
-                                 batch_size=self.train_batch, seed=self.seed)
+        aux = losses(aux_m + aux_n, "aux")  # one call: the same as the harness's aux pass of the threshold
+        predict = fit_attack_mlp(aux[:len(aux_m)], aux[len(aux_m):], hidden=self.hidden, epochs=self.epochs,
+                                 lr=self.lr, batch_size=self.train_batch, seed=obs.seed)
         scores = {"proxy": predict(cand), **scores}
         return Scores(scores, primary="proxy")

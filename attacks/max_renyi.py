@@ -1,4 +1,4 @@
-"""MaxRényi-K% membership inference (papers/000 Eq. 11, from Li et al. 2024 "Membership Inference
+"""MaxRényi-K% membership inference ([FedRand] Eq. 11, from Li et al. 2024 "Membership Inference
 Attacks against Large Vision-Language Models"), with its target-based relatives from one forward pass.
 
 Per token position i of a slice, H_alpha(p(. | x_{1:i})) is the Rényi entropy of the next-token
@@ -8,10 +8,10 @@ Min-K% prob (Shi et al. 2024: mean of the lowest K% target log-probabilities), t
 NLL; perplexity is its monotone transform, same AUROC) and ModRényi (Li et al. 2024, target-aware).
 All are reductions of the per-token signals of ``bench.signals.token_signals``.
 
-Primary score: ``maxrenyi_K10_a0.5_<part>``. papers/000 reports MaxRényi-0% and -10% (Table 4) and uses
+Primary score: ``maxrenyi_K10_a0.5_<part>``. [FedRand] reports MaxRényi-0% and -10% (Table 4) and uses
 MaxRényi-10% alone as its headline in the ablation (Table 3); it does not state the order, and Li et al.
 use alpha = 0.5 as their main setting, so K = 10, alpha = 0.5. The part is the caption/text slice
-("caption", then "text", then the first slice with targets), where papers/000 Table 4 finds the signal.
+("caption", then "text", then the first slice with targets), where [FedRand] Table 4 finds the signal.
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from typing import Any, Sequence
 
 import torch
 
+from bench.params import param
 from bench.registry import register_attack
-from bench.signals import PartSignals, alpha_name, masked_topk_mean, token_signals
+from bench.signals import PartSignals, alpha_name, masked_topk_means, token_signals
 from bench.types import Attack, Observation, Scores, TaskAPI
 
 DEFAULT_KS = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100)
@@ -30,37 +31,39 @@ DEFAULT_KS = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100)
 
 def part_scores(part: str, sig: PartSignals, *, alphas: Sequence[float], ks: Sequence[int],
                 mod_alphas: Sequence[float]) -> dict[str, torch.Tensor]:
-    """Every score of one slice from its per-token signals (higher = member)."""
+    """Every score of one slice from its per-token signals (higher = member): one sort per signal
+    serves every K (``masked_topk_means``)."""
     out: dict[str, torch.Tensor] = {}
     for a in alphas:
-        for k in ks:
-            out[f"maxrenyi_K{k}_a{alpha_name(a)}_{part}"] = -masked_topk_mean(sig.entropy[a], sig.mask, k, largest=True)
+        for k, v in masked_topk_means(sig.entropy[a], sig.mask, ks, largest=True).items():
+            out[f"maxrenyi_K{k}_a{alpha_name(a)}_{part}"] = -v
     if sig.target_logprob is not None:
+        low = masked_topk_means(sig.target_logprob, sig.mask, sorted({*ks, 100}), largest=False)
         for k in ks:
             if k < 100:  # Min-100% prob is the negated loss below
-                out[f"mink_K{k}_{part}"] = masked_topk_mean(sig.target_logprob, sig.mask, k, largest=False)
-        out[f"loss_{part}"] = masked_topk_mean(sig.target_logprob, sig.mask, 100, largest=False)
+                out[f"mink_K{k}_{part}"] = low[k]
+        out[f"loss_{part}"] = low[100]
+        n = sig.mask.sum(1).double()
         for a in mod_alphas:
-            out[f"modrenyi_a{alpha_name(a)}_{part}"] = -masked_topk_mean(sig.mod_entropy[a], sig.mask, 100,
-                                                                          largest=True)
+            out[f"modrenyi_a{alpha_name(a)}_{part}"] = -(sig.mod_entropy[a].double() * sig.mask).sum(1) / n
     return out
 
 
 @register_attack
 @dataclass
 class MaxRenyi(Attack):
-    alphas: tuple[float, ...] = (0.5, 1.0, 2.0, math.inf)
-    ks: tuple[int, ...] = DEFAULT_KS
-    mod_alphas: tuple[float, ...] = (0.5, 1.0, 2.0)
-    primary_k: int = 10
-    primary_alpha: float = 0.5
+    alphas: tuple[float, ...] = param((0.5, 1.0, 2.0, math.inf), ge=0.0, allow_inf=True)  # Rényi orders
+    ks: tuple[int, ...] = param(DEFAULT_KS, ge=0, le=100)  # K in percent
+    mod_alphas: tuple[float, ...] = param((0.5, 1.0, 2.0), ge=0.0, le=1e3)
+    primary_k: int = param(10, ge=0, le=100)
+    primary_alpha: float = param(0.5, ge=0.0, allow_inf=True)
     primary_part: str = ""  # "" = caption, else text, else the first slice with targets
-    batch_size: int = 8
-    chunk_rows: int = 256  # token positions per softmax chunk (memory bound: chunk_rows x vocab floats)
+    batch_size: int = param(8, ge=1, le=4096)
+    chunk_rows: int = param(8, ge=1, le=1 << 20)  # token positions per chunk: a few [chunk_rows, vocab] buffers
 
     views = ("global_model", "client_model", "released_model")
     kind = "membership"
-    paper = "papers/000 Eq. 11 (MaxRényi-K%, Li et al. 2024); Min-K% prob (Shi et al. 2024)"
+    paper = "[FedRand] Eq. 11 (MaxRényi-K%, Li et al. 2024); Min-K% prob (Shi et al. 2024)"
 
     def __post_init__(self) -> None:
         if not self.alphas:
@@ -101,14 +104,14 @@ class MaxRenyi(Attack):
         parts = list(obs.api.info.get("parts", ("text",)))
         signals = token_signals(obs.api, obs.model, items, alphas=self.alphas, mod_alphas=self.mod_alphas,
                                 batch_size=self.batch_size, chunk_rows=self.chunk_rows, parts=parts,
-                                desc=f"max_renyi {obs.view}")
+                                desc=f"max_renyi {obs.view}", cache=obs.signals)
         scores: dict[str, torch.Tensor] = {}
         for part in parts:
             scores.update(part_scores(part, signals[part], alphas=self.alphas, ks=self.ks,
                                       mod_alphas=self.mod_alphas))
         part = self.choose_part(parts, signals)
         primary = f"maxrenyi_K{self.primary_k}_a{alpha_name(self.primary_alpha)}_{part}"
-        # papers/000 Table 4's scores (MaxRenyi-0% and -10% on every slice) keep their per-candidate values
+        # [FedRand] Table 4's scores (MaxRenyi-0% and -10% on every slice) keep their per-candidate values
         keep = tuple(n for n in (f"maxrenyi_K{k}_a{alpha_name(self.primary_alpha)}_{p}" for p in parts for k in (0, 10))
                      if n in scores)
         return Scores(scores, primary=primary, keep=keep)

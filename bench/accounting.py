@@ -1,7 +1,7 @@
-"""Privacy accounting for the DP defenses (DESIGN.md s.5): the papers' per-release Gaussian-mechanism
+"""Privacy accounting for the DP defenses (docs/design.md s.5): the papers' per-release Gaussian-mechanism
 epsilon, and epsilon composed over all rounds with client sampling by an opacus RDP accountant.
 
-Per release (papers/002 Eq. 9-11, papers/003 Eq. 6; Dwork & Roth 2014, Thm. A.1):
+Per release ([DP-FedLoRA] Eq. 9-11, [FLRSP] Eq. 6; Dwork & Roth 2014, Thm. A.1):
     sigma = sqrt(2 ln(1.25 / delta)) * sensitivity / epsilon.
 Dwork & Roth prove this bound for epsilon < 1 only; papers use it at epsilon 5-25, where it is a formula,
 not a theorem. The composed number (Mironov 2017 RDP of the sampled Gaussian mechanism, as in
@@ -12,7 +12,7 @@ one "step" is one round, ``sample_rate`` = clients_per_round / num_clients, and
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
@@ -29,7 +29,7 @@ def _check_delta(delta: float) -> None:
 
 
 def gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
-    """Noise std of the classic Gaussian mechanism for one (epsilon, delta) release (papers/003 Eq. 6)."""
+    """Noise std of the classic Gaussian mechanism for one (epsilon, delta) release ([FLRSP] Eq. 6)."""
     _check_delta(delta)
     if epsilon <= 0 or sensitivity < 0:
         raise ValueError(f"need epsilon > 0 and sensitivity >= 0, got epsilon={epsilon}, sensitivity={sensitivity}")
@@ -75,7 +75,9 @@ def composed_epsilon(noise_multiplier: float, sample_rate: float, steps: int, de
         return math.inf
     acc = create_accountant(mechanism=accountant)
     acc.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
-    return float(acc.get_epsilon(delta=delta, **_accountant_kwargs(accountant)))
+    # the RDP -> (eps, delta) conversion goes below 0 for a large delta (e.g. 0.5): (eps < 0, delta)-DP
+    # implies (0, delta)-DP, and the harness rejects a negative epsilon as a defense bug
+    return max(0.0, float(acc.get_epsilon(delta=delta, **_accountant_kwargs(accountant))))
 
 
 def noise_multiplier_for(epsilon: float, delta: float, sample_rate: float, steps: int,
@@ -91,3 +93,27 @@ def noise_multiplier_for(epsilon: float, delta: float, sample_rate: float, steps
 
 def _accountant_kwargs(accountant: str) -> dict:
     return {"alphas": RDP_ALPHAS} if accountant == "rdp" else {}
+
+
+def privacy_record(defense: Any, *, delta: float, rounds: int, sample_rate: float,
+                   names: Sequence[str] | None, n_samples: int) -> dict[str, Any]:
+    """The ``privacy`` block of a result record, from accountant inputs the harness computed.
+
+    ``epsilon_composed`` assumes amplification by client sampling (``sample_rate`` < 1), which holds
+    against an outside observer of the released models; an honest-but-curious server knows which client
+    sent each message, so against it only ``epsilon_composed_no_amplification`` (sample rate 1) holds.
+    """
+    eps = defense.epsilon(delta=delta)
+    if eps is None:
+        return {"epsilon": None, "epsilon_composed": None, "epsilon_composed_no_amplification": None,
+                "delta": None, "sample_rate": None, "rounds": None, "sensitivity": "", "note": ""}
+
+    def composed(rate: float) -> float | None:
+        return defense.epsilon_composed(delta=delta, rounds=rounds, sample_rate=rate, names=names)
+
+    comp = composed(sample_rate)
+    no_amp = comp if sample_rate == 1.0 else composed(1.0)
+    note = f"delta={delta:g} >= 1/n: no meaningful guarantee" if delta >= 1.0 / max(1, n_samples) else ""
+    return {"epsilon": eps, "epsilon_composed": comp, "epsilon_composed_no_amplification": no_amp,
+            "delta": delta, "sample_rate": sample_rate, "rounds": int(rounds),
+            "sensitivity": defense.sensitivity_note(), "note": note}

@@ -1,4 +1,4 @@
-"""Utility of a captioning model (papers/000 s.4.1 "Evaluation metrics", Table 1): greedy captions of held-out
+"""Utility of a captioning model ([FedRand] s.4.1 "Evaluation metrics", Table 1): greedy captions of held-out
 images scored against their references with BLEU-1..4 (Papineni et al. 2002), ROUGE-L (Lin 2004) and CIDEr-D
 (Vedantam et al. 2015; the COCO evaluation server's variant) from ``pycocoevalcap``, plus grounding
 accuracies parsed from the caption (the class noun of :data:`bench.captions.CLASS_NAMES` and the four
@@ -7,7 +7,7 @@ augmentation attributes) and the held-out caption loss.
 Text is lower-cased and tokenised here (words, punctuation dropped, as the COCO PTBTokenizer does) instead of
 by pycocoevalcap's PTBTokenizer, which needs Java. CIDEr's document frequencies come from the references of
 the evaluated set itself (as in the COCO toolkit), so CIDEr values are comparable only across models scored
-on the same held-out set. Scores are reported in percent, as papers/000 Table 1 does.
+on the same held-out set. Scores are reported in percent, as [FedRand] Table 1 does.
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def caption_scores(references: Sequence[Sequence[str]], hypotheses: Sequence[str
     rouge, _ = Rouge().compute_score(gts, res)
     cider, _ = Cider().compute_score(gts, res)
     out = {f"bleu{n + 1}": 100.0 * float(b) for n, b in enumerate(bleu)}
-    out.update(rouge=100.0 * float(rouge), cider=100.0 * float(cider))  # "rouge" is ROUGE-L, as papers/000 reports it
+    out.update(rouge=100.0 * float(rouge), cider=100.0 * float(cider))  # "rouge" is ROUGE-L, as [FedRand] reports it
     return out
 
 

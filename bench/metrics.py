@@ -1,5 +1,10 @@
-"""Metrics (DESIGN.md s.5): membership AUROC / advantage / ASR / TPR at low FPR with bootstrap
-intervals (ROC from scikit-learn), and reconstruction SSIM / PSNR / MSE per image (scikit-image)."""
+"""Metrics (docs/design.md s.5): membership AUROC / advantage / ASR / TPR at low FPR with bootstrap
+intervals (ROC from scikit-learn), and reconstruction SSIM / PSNR / MSE per image (scikit-image).
+
+TPR at FPR f is reported only with at least 10 / f non-members (else ``value`` None and a ``reason``): with
+fewer, every low-FPR column reads TPR at zero false positives. The ASR here picks the best threshold on the
+evaluation set itself, so it is optimistic: it is recorded as ``asr_oracle`` (an attack's own calibrated
+ASR, e.g. a threshold set on auxiliary data, is ``asr_aux``)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -8,6 +13,8 @@ import numpy as np
 import sklearn
 from sklearn.metrics import auc, roc_curve
 from skimage.metrics import mean_squared_error, peak_signal_noise_ratio, structural_similarity
+
+from .bootstrap import tpr_unreported
 
 FPRS = (0.001, 0.01, 0.05)
 
@@ -18,12 +25,22 @@ def tpr_at_fpr(fpr: np.ndarray, tpr: np.ndarray, target: float) -> float:
     return float(tpr[ok].max()) if ok.any() else 0.0
 
 
+def unreported_tprs(labels: np.ndarray) -> dict[str, str]:
+    """{``tpr@<f>fpr``: reason} for the FPRs too low for the number of non-members in ``labels``."""
+    n0 = int((np.asarray(labels) == 0).sum())
+    return {f"tpr@{f:g}fpr": why for f in FPRS if (why := tpr_unreported(f, n0))}
+
+
 def membership_point(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Point metrics of one score; TPRs at FPRs the non-members cannot resolve are left out."""
     fpr, tpr, _ = roc_curve(labels, scores, drop_intermediate=False)
     area = float(auc(fpr, tpr))  # = roc_auc_score (trapezoids over the full ROC), one pass
-    out = {"auroc": area, "advantage": abs(area - 0.5) / 0.5, "asr": float(np.max(1 - (fpr + (1 - tpr)) / 2))}
+    out = {"auroc": area, "advantage": abs(area - 0.5) / 0.5,
+           "asr_oracle": float(np.max(1 - (fpr + (1 - tpr)) / 2))}
+    skip = unreported_tprs(labels)
     for f in FPRS:
-        out[f"tpr@{f:g}fpr"] = tpr_at_fpr(fpr, tpr, f)
+        if f"tpr@{f:g}fpr" not in skip:
+            out[f"tpr@{f:g}fpr"] = tpr_at_fpr(fpr, tpr, f)
     return out
 
 
@@ -44,9 +61,12 @@ def membership_metrics(scores: Sequence[float], labels: Sequence[int], *, n_boot
             if len(np.unique(y[idx])) < 2:
                 continue
             for k, v in membership_point(s[idx], y[idx]).items():
-                boots[k].append(v)
+                if k in boots:  # a TPR gated out of the point estimate stays out of the replicates
+                    boots[k].append(v)
     metrics = {k: {"value": v, "ci_low": float(np.percentile(boots[k], 2.5)),
                    "ci_high": float(np.percentile(boots[k], 97.5))} for k, v in point.items()}
+    for k, why in unreported_tprs(y).items():
+        metrics[k] = {"value": None, "ci_low": None, "ci_high": None, "reason": why}
     fpr, tpr, _ = roc_curve(y, s)
     return metrics, {"fpr": fpr.tolist(), "tpr": tpr.tolist()}
 

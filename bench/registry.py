@@ -12,16 +12,17 @@ import importlib
 import importlib.util
 import pkgutil
 import sys
+import traceback
 import typing
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Mapping, TypeVar
+
+from .errors import UsageError  # noqa: F401  (re-exported: callers import it from here)
 
 T = TypeVar("T")
 
 
-class UsageError(ValueError):
-    """Bad user input: the CLI prints it and exits with code 2."""
 
 
 class Registry(Generic[T]):
@@ -30,7 +31,10 @@ class Registry(Generic[T]):
         self.package = package
         self.entry_point_group = entry_point_group
         self._items: dict[str, T] = {}
+        self._paths: dict[str, T] = {}  # resolved contributed path -> what it registered (imported once)
         self._loaded = False
+        self._index: dict[str, str] | None = None  # key -> module that registers it, read without importing
+        self._eps: dict[str, Any] | None = None  # key -> entry point (loaded on first get)
 
     def register(self, obj: T | None = None, *, name: str | None = None) -> Any:
         """Decorator (``@DEFENSES.register``) or call; the key defaults to the defining file's name."""
@@ -47,56 +51,138 @@ class Registry(Generic[T]):
         return _do(obj) if obj is not None else _do
 
     def load(self) -> None:
+        """Import every module of the package and every entry point (``items()``, contributed paths)."""
         if self._loaded:
             return
         self._loaded = True
-        if self.package:
-            pkg = importlib.import_module(self.package)
-            for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
-                if not info.name.startswith("_"):
-                    importlib.import_module(f"{self.package}.{info.name}")
-        if self.entry_point_group:
-            for ep in metadata.entry_points(group=self.entry_point_group):
-                obj = ep.load()
-                if obj not in self._items.values():
-                    self.register(obj, name=ep.name)
+        for mod in sorted(set(self._modules().values())):
+            importlib.import_module(mod)
+        for name in list(self._entry_points()):
+            self._load_entry_point(name)
+
+    def _modules(self) -> dict[str, str]:
+        """key -> module, from the package's file names (and a ``name="..."`` in its register call), so that
+        listing names and getting one method imports nothing else (start-up time)."""
+        if self._index is None:
+            self._index = {}
+            if self.package:
+                spec = importlib.util.find_spec(self.package)
+                for info in sorted(pkgutil.iter_modules(spec.submodule_search_locations or []), key=lambda i: i.name):
+                    if not info.name.startswith("_"):
+                        self._index[_declared_key(info, self.package)] = f"{self.package}.{info.name}"
+        return self._index
+
+    def _entry_points(self) -> dict[str, Any]:
+        if self._eps is None:
+            self._eps = {ep.name: ep for ep in metadata.entry_points(group=self.entry_point_group)} \
+                if self.entry_point_group else {}
+        return self._eps
+
+    def _load_entry_point(self, key: str) -> None:
+        obj = self._entry_points()[key].load()
+        if obj not in self._items.values():
+            self.register(obj, name=key)
 
     def names(self) -> list[str]:
-        self.load()
-        return sorted(self._items)
+        """Every registered key, without importing the methods."""
+        return sorted(set(self._items) | set(self._modules()) | set(self._entry_points()))
 
     def get(self, key: str) -> T:
-        self.load()
         if key.endswith(".py") or "/" in key:
+            self.load()  # a contributed file must not collide with any built-in name
             return self.load_path(key)
+        if key not in self._items:
+            if key in self._modules():
+                importlib.import_module(self._modules()[key])
+            elif key in self._entry_points():
+                self._load_entry_point(key)
+            if key not in self._items:  # a module registering under another key than the index guessed
+                self.load()
         if key not in self._items:
             raise UsageError(unknown_message(self.kind, key, self.names()))
         return self._items[key]
 
     def load_path(self, path: str) -> T:
-        """Import a contributed file and return the one object of this kind it registers."""
+        """Import a contributed file and return the one object of this kind it registers.
+
+        Every way the file can be wrong (not a ``.py`` file, does not import, registers a name that is
+        taken, registers nothing or several) is a UsageError; a file given twice is imported once.
+        """
         p = Path(path)
-        if not p.is_file():
-            raise UsageError(f"{self.kind} file {path!r} does not exist")
+        if p.suffix != ".py":
+            raise UsageError(f"{self.kind} {path!r} is neither a registered name nor a Python file (.py). "
+                             f"Valid choices: {', '.join(self.names())}, or a path to a .py file")
+        try:
+            is_file, key = p.is_file(), str(p.resolve())
+        except (OSError, ValueError) as e:  # a name too long, a NUL byte, a symlink loop
+            raise UsageError(f"{self.kind} file {path!r} cannot be read: {e}") from None
+        if not is_file:
+            raise UsageError(f"{self.kind} file {path!r} does not exist (or is not a file)")
+        if key in self._paths and self._paths[key] in self._items.values():
+            return self._paths[key]
         before = dict(self._items)
         modname = f"_bench_contrib_{p.stem}"
         spec = importlib.util.spec_from_file_location(modname, p)
-        assert spec and spec.loader
+        if spec is None or spec.loader is None:
+            raise UsageError(f"{self.kind} file {path!r} cannot be imported as a Python module")
         module = importlib.util.module_from_spec(spec)
+        prior = sys.modules.get(modname)  # a same-named file loaded before: kept if this one is rejected
+
+        def undo() -> None:
+            if prior is None:
+                sys.modules.pop(modname, None)
+            else:
+                sys.modules[modname] = prior
+            self._items.clear()
+            self._items.update(before)
+
         sys.modules[modname] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as e:  # noqa: BLE001 - SyntaxError, ImportError, a colliding name, SystemExit...
+            undo()
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            raise UsageError(f"{self.kind} file {path!r} does not import: {_describe_import_error(e, p)}") from None
         new = [k for k in self._items if k not in before]
         if len(new) != 1:
+            undo()
             raise UsageError(f"{path!r} must register exactly one {self.kind}; it registered {new or 'none'}")
+        self._paths[key] = self._items[new[0]]
         return self._items[new[0]]
 
     def items(self) -> list[tuple[str, T]]:
-        return [(k, self._items[k]) for k in self.names()]
+        self.load()
+        return sorted(self._items.items())
+
+
+def _declared_key(info: pkgutil.ModuleInfo, package: str) -> str:
+    """The key a package module registers: ``register_x(name="...")`` in its source, else its file name."""
+    import re
+
+    try:
+        src = Path(info.module_finder.path, f"{info.name}.py").read_text()  # type: ignore[attr-defined]
+    except (OSError, AttributeError):
+        return info.name
+    m = re.search(r"register_\w+\(\s*name\s*=\s*[\"']([^\"']+)[\"']", src)
+    return m.group(1) if m else info.name
 
 
 def _module_key(obj: Any) -> str:
     mod = getattr(obj, "__module__", "") or ""
     return mod.rsplit(".", 1)[-1].removeprefix("_bench_contrib_")
+
+
+def _describe_import_error(e: BaseException, path: Path) -> str:
+    """One line: the error and where in the contributed file it happened (no traceback)."""
+    if isinstance(e, SyntaxError):
+        return f"SyntaxError: {e.msg} (line {e.lineno})"
+    if isinstance(e, SystemExit):
+        return f"it called sys.exit({e.code!r}) while importing"
+    line = next((fr.lineno for fr in reversed(traceback.extract_tb(e.__traceback__))
+                 if Path(fr.filename).resolve() == path.resolve()), None)
+    msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    return f"{type(e).__name__}: {msg}" + (f" (line {line})" if line else "")
 
 
 def _where(obj: Any) -> str:
@@ -136,15 +222,18 @@ def parse_value(raw: str, typ: Any, where: str) -> Any:
                 return parse_value(raw, a, where)
             except UsageError as e:
                 errors.append(str(e))
+        if len(errors) == 1 and type(None) in args:
+            raise UsageError(f"{errors[0]} (or none)")
         raise UsageError(f"{where}: cannot read {raw!r} as {typ}")
     if origin is typing.Literal:
         for a in args:
             if str(a) == raw:
                 return a
         raise UsageError(f"{where}: {raw!r} is not one of {', '.join(map(str, args))}")
-    if origin is tuple:  # "0+10+20" (or a lone value) for tuple[int, ...] fields
+    if origin is tuple:  # "0+10+20", "(0, 10, 20)" or a lone value for tuple[int, ...] fields
         inner = args[0] if args else str
-        return tuple(parse_value(v, inner, where) for v in raw.replace("+", ",").split(",") if v)
+        items = raw.strip().removeprefix("(").removesuffix(")").replace("+", ",").split(",")
+        return tuple(parse_value(v.strip(), inner, where) for v in items if v.strip())
     if typ is bool:
         if raw.lower() in ("1", "true", "yes", "on"):
             return True
@@ -161,20 +250,54 @@ def parse_value(raw: str, typ: Any, where: str) -> Any:
     raise UsageError(f"{where}: parameters of type {typ} cannot be set from the command line")
 
 
-def build(cls: type, overrides: dict[str, Any], kind: str) -> Any:
-    """Instantiate a method dataclass with overrides, checking names and types."""
+def build(cls: type, overrides: Mapping[str, Any], kind: str) -> Any:
+    """Instantiate a method dataclass with overrides, checking names, types and declared ranges
+    (:mod:`bench.params`); every field of the result, defaults included, is range-checked."""
+    from .params import check_config, check_values
+
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init} if dataclasses.is_dataclass(cls) else {}
-    hints = typing.get_type_hints(cls) if fields else {}
+    name = getattr(cls, "name", "") or cls.__name__
+    try:
+        hints = typing.get_type_hints(cls) if fields else {}
+    except Exception as e:  # noqa: BLE001 - a contributed annotation naming something undefined
+        raise UsageError(f"{kind} {name!r}: the types of its fields cannot be read ({type(e).__name__}: {e})") from None
+    if not isinstance(overrides, Mapping):
+        raise UsageError(f"{kind} {name!r}: a configuration must be a mapping of parameter names to values, "
+                         f"got {overrides!r}")
     kwargs = {}
     for k, v in overrides.items():
         if k not in fields:
             choices = ", ".join(sorted(fields)) or "none"
-            raise UsageError(f"{kind} {cls.name!r} has no parameter {k!r}. Valid parameters: {choices}")
-        kwargs[k] = parse_value(v, hints[k], f"{kind} {cls.name}:{k}") if isinstance(v, str) else v
+            raise UsageError(f"{kind} {name!r} has no parameter {k!r}. Valid parameters: {choices}")
+        kwargs[k] = parse_value(v, hints[k], f"{kind} {name}:{k}") if isinstance(v, str) and hints[k] is not str \
+            else v
+    given = {k: v for k, v in overrides.items() if isinstance(v, str)}
+    if fields:
+        check_values(cls, kwargs, kind, given=given)
     try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as e:
-        raise UsageError(f"{kind} {cls.name!r}: {e}") from None
+        obj = cls(**kwargs)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the method's own validation, or a contributed bug
+        msg = str(e) if isinstance(e, (TypeError, ValueError)) else f"{type(e).__name__}: {e}"
+        raise UsageError(f"{kind} {name!r}: {msg}") from None
+    if fields:
+        check_config(obj, kind, given=given)
+    return obj
+
+
+def grid_configs(cls: type, kind: str) -> list[Any]:
+    """Every configuration of ``cls.grid``, built and validated (a bad grid entry is a UsageError, as
+    ``bench check`` reports it), whichever of them a run then uses."""
+    name = getattr(cls, "name", "") or cls.__name__
+    grid = getattr(cls, "grid", ({},))
+    if isinstance(grid, (str, bytes, Mapping)) or not isinstance(grid, (tuple, list)) or not grid:
+        raise UsageError(f"{kind} {name!r}: grid must be a non-empty tuple of parameter mappings, got {grid!r}")
+    out = []
+    for g in grid:
+        try:
+            out.append(build(cls, g, kind))
+        except UsageError as e:
+            raise UsageError(f"{e} (in the grid of {kind} {name!r}: {g!r})") from None
+    return out
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -189,6 +312,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
         if "=" not in part or not part.split("=", 1)[0]:
             raise UsageError(f"malformed spec {spec!r}: {part!r} is not param=value")
         k, v = part.split("=", 1)
+        if k in params:
+            raise UsageError(f"malformed spec {spec!r}: parameter {k!r} is given twice; give each parameter once")
         params[k] = v
     return head, params
 
@@ -214,18 +339,54 @@ def expand(registry: Registry, arg: str, *, full_grid: bool = True) -> list[Any]
     """A CLI list (``all``, names, ``name:k=v``, paths) -> instantiated configurations.
 
     A bare name expands to the method's ``grid`` (its paper's settings), or with ``full_grid=False`` to
-    its default configuration only (the dataclass defaults, the paper's); params pin one config.
+    its default configuration only (the dataclass defaults, the paper's); params pin one config. The
+    whole grid of every method named is validated either way. A configuration given twice (``fedavg,fedavg``,
+    ``flrsp,flrsp:R=0.5``) is a UsageError: it would be computed and counted twice.
     """
     specs = registry.names() if arg.strip() == "all" else split_specs(arg, registry.names())
     if not specs:
         raise UsageError(f"no {registry.kind} given. Valid choices: all, {', '.join(registry.names())}")
-    out = []
+    if "all" in specs:
+        raise UsageError(f"'all' stands alone: give --{registry.kind} all, or a list of names, not both (got {arg!r})")
+    out: list[Any] = []
+    seen: dict[tuple, str] = {}
     for spec in specs:
         name, params = parse_spec(spec)
         cls = registry.get(name)
-        configs = [dict(g) for g in cls.grid] if not params else [params]
-        if not params and not full_grid:
-            configs = [{}]
+        grid = grid_configs(cls, registry.kind)
+        if params:
+            configs = [build(cls, params, registry.kind)]
+        else:
+            configs = grid if full_grid else [build(cls, {}, registry.kind)]
         for cfg in configs:
-            out.append(build(cls, cfg, registry.kind))
+            key = _config_key(cfg)
+            if key in seen:
+                raise UsageError(f"{registry.kind} {_config_label(cfg)} is given twice (by {seen[key]!r} and "
+                                 f"{spec!r}); give each {registry.kind} configuration once")
+            seen[key] = spec
+            out.append(cfg)
     return out
+
+
+def _params(obj: Any) -> list[tuple[str, Any]]:
+    return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init] \
+        if dataclasses.is_dataclass(obj) else []
+
+
+def _config_key(obj: Any) -> tuple:
+    return (type(obj), tuple((k, repr(v)) for k, v in _params(obj)))
+
+
+def _config_label(obj: Any) -> str:
+    name = getattr(obj, "name", "") or type(obj).__name__
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in _params(obj))})"
+
+
+def unique_names(names: list[str], kind: str) -> list[str]:
+    """``names`` unchanged, or a UsageError naming the first one given twice."""
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise UsageError(f"{kind} {n!r} is given twice; give each {kind} once")
+        seen.add(n)
+    return names

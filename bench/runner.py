@@ -6,17 +6,27 @@ Membership attacks also run on the un-fine-tuned base model (defense ``base``) a
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
+import os
+import random
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
+from .accounting import privacy_record
+from .audit import audit_delta, record_bound
 from .cells import probe_observations, run_membership, run_reconstruction
+from .params import check_privacy
 from .progress import progress_bar
+from .run_state import resolve_delta
 from .store import Store, provenance, stable_hash, utc_stamp
 from .task import Task
-from .training import get_training, label
+from .training import get_training, label, train_key
 from .types import Attack, Defense, params_of
 
 FEDERATED_VIEWS = ("global_model", "client_model", "client_update")
@@ -31,6 +41,7 @@ class Cell:
     view: str
     seed: int
     na: str | None = None  # reason the cell does not apply
+    error: str | None = None  # planning failed (e.g. applies() raised): recorded failed, never run
 
     @property
     def defense_label(self) -> str:
@@ -57,16 +68,27 @@ def views_of(defense: Defense) -> tuple[str, ...]:
     return CENTRAL_VIEWS if defense.setting == "central" else FEDERATED_VIEWS
 
 
+def _applies(method: Defense | Attack, api) -> tuple[str | None, str | None]:
+    """(n/a reason, error): a method whose applies() raises fails its cells; planning goes on."""
+    try:
+        return method.applies(api), None
+    except Exception as e:  # noqa: BLE001 - contributed code
+        return None, f"{method.name}.applies() raised {type(e).__name__}: {e}"
+
+
 def plan(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds: list[int]) -> list[Cell]:
     cells: list[Cell] = []
     for task in tasks:
         for seed in seeds:
             for attack in attacks:
-                a_na = attack.applies(task.api)
-                if attack.kind == "membership" and "global_model" in attack.views:
-                    cells.append(Cell(task, None, attack, "global_model", seed, na=a_na))
+                a_na, a_err = _applies(attack, task.api)
+                if attack.kind == "membership":  # the base model on the same candidates, in every view run
+                    exposed = {v for d in defenses if d.applies(task.api) is None for v in views_of(d)} \
+                        or {"global_model"}
+                    for view in (v for v in attack.views if v in exposed and v != "client_update"):
+                        cells.append(Cell(task, None, attack, view, seed, na=a_na, error=a_err))
                 for defense in defenses:
-                    d_na = defense.applies(task.api)
+                    d_na, d_err = _applies(defense, task.api)
                     views = [v for v in attack.views if v in views_of(defense)]
                     if not views:
                         cells.append(Cell(task, defense, attack, attack.views[0], seed,
@@ -78,7 +100,8 @@ def plan(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seed
                         v_na = (f"client_model needs weight messages; {defense.name} sends gradients (FedSGD), "
                                 f"so there is no client model to reconstruct") \
                             if view == "client_model" and mode == "fedsgd" else None
-                        cells.append(Cell(task, defense, attack, view, seed, na=d_na or a_na or v_na))
+                        cells.append(Cell(task, defense, attack, view, seed, na=d_na or a_na or v_na,
+                                          error=d_err or a_err))
     return cells
 
 
@@ -86,73 +109,317 @@ def plan(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seed
 class RunSummary:
     counts: dict[str, int] = field(default_factory=lambda: {"ok": 0, "n/a": 0, "failed": 0, "skipped": 0})
     wall_s: float = 0.0
+    trained: int = 0  # training runs executed (or loaded) by this run
 
 
-def run(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds: list[int], out: Path) -> RunSummary:
-    store = Store(out)
-    cells = plan(tasks, defenses, attacks, seeds)
-    summary = RunSummary()
+# ----------------------------------------------------------------------------------------------
+# work units: what an executor ships to a worker (bench/executors.py)
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """A task as another process rebuilds it: its builder, id and configuration hash."""
+
+    source: Any
+    task_id: str
+    config_hash: str
+
+
+@dataclass
+class Unit:
+    """One piece of isolated work: a training run (``kind="train"``) or one attack cell (``"cell"``)."""
+
+    kind: str
+    key: str  # train key or cell id
+    task: Any  # Task in this process; TaskRef when shipped to a worker
+    defense: Defense | None
+    attack: Attack | None = None
+    view: str = ""
+    seed: int = 0
+    out: str = ""
+    skeleton: dict | None = None
+    cost: float = 1.0  # estimated seconds (progress weight)
+    device: str = "cpu"  # where the worker builds models (bench.device; resolved by the CLI)
+
+    def portable(self) -> Unit:
+        t = self.task
+        if isinstance(t, Task):
+            if t.source is None:
+                raise ValueError(f"task {t.id} has no `source` builder, so a worker process cannot rebuild it; "
+                                 f"run it with the inline executor")
+            t = TaskRef(t.source, t.id, t.config_hash())
+        return replace(self, task=t)
+
+
+_TASKS: dict[tuple[str, str], Task] = {}  # per worker process: tasks rebuilt from their TaskRef
+_TRAIN_LRU: dict[str, Any] = {}  # per process: the last training result loaded (cells of a group share it)
+_SHARED: dict[str, Any] = {"key": None, "probes": None}  # per process: the last group's reconstruction probes
+
+
+def resolve_task(t: Task | TaskRef) -> Task:
+    if isinstance(t, Task):
+        return t
+    key = (t.task_id, t.config_hash)
+    if key not in _TASKS:
+        built = t.source()
+        for b in built if isinstance(built, (list, tuple)) else [built]:
+            _TASKS[(b.id, b.config_hash())] = b
+    if key not in _TASKS:
+        raise RuntimeError(f"rebuilding task {t.task_id} in the worker gave another configuration "
+                           f"(config hash {t.config_hash} not among {sorted(h for i, h in _TASKS if i == t.task_id)})")
+    return _TASKS[key]
+
+
+def on_device(task: Task, device: str) -> Task:
+    """``task`` whose ``api.build_model`` puts each model it builds on ``device``: every model of a unit (trained,
+    attacked, base) is built through it, and the code after that follows the model's device."""
+    if device == "cpu" or getattr(task.api.build_model, "device", None) == device:
+        return task
+    build = task.api.build_model
+
+    def placed():
+        return build().to(device)
+
+    placed.device = device  # type: ignore[attr-defined]
+    return replace(task, api=replace(task.api, build_model=placed))
+
+
+def _seed_all(seed: int) -> None:
+    """Every unit starts from the same RNG state wherever and after whatever it runs (jobs 1 == jobs N)."""
+    random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002 - code under test may draw from numpy's global RNG
+    torch.manual_seed(seed)
+
+
+def _training(task: Task, defense: Defense, seed: int, out: Path):
+    key = f"{out.resolve()}:{train_key(task, defense, seed)}"
+    if key not in _TRAIN_LRU:
+        _TRAIN_LRU.clear()
+        _TRAIN_LRU[key] = get_training(task, defense, seed, out / "cache")
+    return _TRAIN_LRU[key]
+
+
+def failure_reason(e: BaseException) -> tuple[str, bool]:
+    """The recorded reason for an exception at a unit boundary, and whether the worker should be replaced."""
+    cap = os.environ.get("BENCH_MEM_CAP_MB", "")
+    if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e)):
+        where = f"exceeded memory cap ({cap} MB)" if cap else "out of memory"
+        return f"{where}: {type(e).__name__}: {e}", True
+    if isinstance(e, SystemExit):
+        return f"SystemExit({e.code!r}) raised inside the cell (the code called sys.exit)", False
+    return f"{type(e).__name__}: {e}", False
+
+
+def execute_unit(unit: Unit) -> dict:
+    """Run one unit where it landed; a cell writes its own record (atomically). Never raises but for
+    KeyboardInterrupt: any other BaseException (SystemExit included) becomes a failed outcome."""
     t0 = time.time()
-    todo = []
-    for c in cells:
-        if store.finished(c.task.scenario, c.id):
-            summary.counts["skipped"] += 1
-        else:
-            todo.append(c)
-    groups: dict[tuple, list[Cell]] = {}
-    for c in todo:
-        groups.setdefault((c.task.id, c.defense_label, c.seed), []).append(c)
-    bar = progress_bar(total=len(todo), desc="cells")
-    for (_, _, seed), group in groups.items():
-        task, defense = group[0].task, group[0].defense
-        train, train_err, shared = None, None, {"probes": None}
-        for cell in group:
-            rec = cell.skeleton()
-            t1 = time.time()
+    out = Path(unit.out)
+    base = {"key": unit.key, "kind": unit.kind, "restart": False}
+    try:
+        task = on_device(resolve_task(unit.task), unit.device)
+        _seed_all(unit.seed)
+        if unit.kind == "train":
+            # not kept in memory: every cell reads the stored copy, so a cell's numbers never depend on
+            # whether its worker also trained (in-memory and loaded tensors differ in alignment, and BLAS
+            # rounding with it)
+            _TRAIN_LRU.clear()
+            train = get_training(task, unit.defense, unit.seed, out / "cache")
+            return {**base, "status": "ok", "reason": "", "wall_s": time.time() - t0, "train_wall_s": train.wall_s}
+        return {**base, **_execute_cell(unit, task, out)}
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        reason, restart = failure_reason(e)
+        res = {**base, "status": "failed", "reason": reason, "traceback": traceback.format_exc(limit=8),
+               "wall_s": time.time() - t0, "restart": restart, "written": False}
+        if unit.kind == "cell" and unit.skeleton is not None:
             try:
-                if cell.na:
-                    rec.update(status="n/a", reason=cell.na)
-                else:
-                    if defense is not None and train is None and train_err is None:
-                        try:
-                            train = get_training(task, defense, seed, out / "cache")
-                        except Exception as e:  # recorded as failed for every cell of the group
-                            train_err = f"training failed: {type(e).__name__}: {e}"
-                            rec["traceback"] = traceback.format_exc(limit=8)
-                        t1 = time.time()  # the attack's time excludes training (cost.train_wall_s has it)
-                    if train_err:
-                        raise RuntimeError(train_err)
-                    rec.update(_attack_cell(cell, train, store, shared))
-                    rec["status"] = "ok"
-            except Exception as e:
-                rec.update(status="failed", reason=f"{type(e).__name__}: {e}")
-                rec.setdefault("traceback", traceback.format_exc(limit=8))
-            rec["cost"] = {**_costs(train, defense), "attack_wall_s": time.time() - t1}
-            rec["utility"] = dict(train.utility) if train is not None else {}
-            # n/a cells never trained: the composed epsilon needs the trained message structure.
-            rec["privacy"] = _privacy(task, defense, train) if not cell.na else {}
-            try:
-                store.write(rec)
-            except (TypeError, ValueError) as e:  # an unserialisable result: keep the cell, as failed
-                rec = {**cell.skeleton(), "status": "failed", "reason": f"record not serialisable: {e}"}
-                store.write(rec)
-            summary.counts[rec["status"]] += 1
-            bar.update(1)
-            bar.set_postfix_str(f"{cell.defense_label} x {cell.attack.name}/{cell.view}: {rec['status']}")
-    bar.close()
+                write_failed(Store(out), unit.skeleton, reason, traceback=res["traceback"])
+                res["written"] = True
+            except Exception:  # noqa: BLE001 - the parent writes it then
+                pass
+        return res
+
+
+def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
+    store = Store(out)
+    defense = unit.defense
+    cell = Cell(task, defense, unit.attack, unit.view, unit.seed)
+    rec = {**unit.skeleton, "provenance": {**unit.skeleton["provenance"], "started_at": utc_stamp(),
+                                           "device": unit.device}}
+    train = _training(task, defense, unit.seed, out) if defense is not None else None
+    t1 = time.time()  # the attack's time excludes loading the training run (cost.train_wall_s has it)
+    restart = False
+    try:
+        rec.update(_attack_cell(cell, train, store))
+        rec["status"] = "ok"
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        reason, restart = failure_reason(e)
+        rec.update(status="failed", reason=reason, traceback=traceback.format_exc(limit=8))
+    rec["cost"] = {**_costs(train, defense), "attack_wall_s": time.time() - t1}
+    rec["utility"] = dict(train.utility) if train is not None else {}
+    rec["privacy"] = _privacy(task, defense, train)
+    if rec.get("status") == "ok" and rec.get("per_candidate"):  # empirical epsilon audit (bench.audit)
+        rec["privacy"]["epsilon_lower_bound"] = record_bound(
+            rec["per_candidate"], delta=audit_delta(rec["privacy"].get("delta")), attack=rec["attack_label"])
+    try:
+        store.write(rec)
+    except (TypeError, ValueError) as e:  # unserialisable or failing the schema: keep the cell, as failed
+        rec = {**unit.skeleton, "status": "failed", "reason": f"record not written: {e}",
+               "cost": {"attack_wall_s": rec["cost"]["attack_wall_s"]}}
+        store.write(rec)
+    return {"status": rec["status"], "reason": rec.get("reason", ""), "wall_s": rec["cost"]["attack_wall_s"],
+            "restart": restart, "written": True}
+
+
+def write_failed(store: Store, skeleton: dict, reason: str, *, traceback: str = "") -> None:
+    """A failed record for a cell whose worker could not write one (timeout, crash, failed training)."""
+    if store.finished(skeleton["scenario"], skeleton["cell_id"]):
+        return  # the worker finished it before it was stopped
+    rec = {**skeleton, "status": "failed", "reason": reason, "cost": {}, "utility": {}, "privacy": {}}
+    if traceback:
+        rec["traceback"] = traceback
+    store.write(rec)
+
+
+def write_na(store: Store, cell: Cell) -> None:
+    """n/a cells need no compute (and no training): the scheduler writes them itself."""
+    store.write({**cell.skeleton(), "status": "n/a", "reason": cell.na, "cost": {}, "utility": {}, "privacy": {}})
+
+
+# ----------------------------------------------------------------------------------------------
+# the scheduler: training units first, each group's cells once its training is cached
+
+
+class InlineExecutor:
+    """Runs each unit at once in this process: no isolation (library use, quick tests)."""
+
+    name = "inline"
+
+    def __init__(self) -> None:
+        self.jobs = 1
+
+    def submit(self, unit) -> cf.Future:
+        fut: cf.Future = cf.Future()
+        try:
+            fut.set_result(execute_unit(unit))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # execute_unit catches the unit's own errors; this is the harness's
+            fut.set_exception(e)
+        return fut
+
+    def shutdown(self, *, kill: bool = False) -> None:
+        pass
+
+
+
+def run(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds: list[int], out: Path, *,
+        executor=None, estimator=None, on_plan=None, device: str = "cpu") -> RunSummary:
+    """Run every unfinished cell of the matrix through ``executor`` (default: in this process).
+
+    ``estimator`` (bench.runplan.CostModel) weights the progress bar; ``on_plan(plan)`` is called with the
+    plan (bench.runplan.Plan) before anything runs. Records are written by whoever finishes a cell."""
+    from .runplan import CostModel, make_plan
+
+    out = Path(out)
+    store = Store(out)
+    executor = executor or InlineExecutor()
+    estimator = estimator or CostModel.from_records(out)
+    cells = plan(tasks, defenses, attacks, seeds)
+    broken = [c for c in cells if c.error]  # recorded failed below, never run
+    pl = make_plan([c for c in cells if not c.error], store, estimator, jobs=executor.jobs)
+    if on_plan is not None:
+        on_plan(pl)
+    summary = RunSummary()
+    summary.counts["skipped"] = pl.done
+    t0 = time.time()
+    portable = executor.name != "inline"
+    ship = (lambda u: u.portable()) if portable else (lambda u: u)
+
+    def cell_unit(c: Cell) -> Unit:
+        return Unit("cell", c.id, c.task, c.defense, c.attack, c.view, c.seed, str(out), c.skeleton(),
+                    estimator.cell_cost(c), device)
+
+    bar = progress_bar(total=max(pl.est_total_s, 1e-9), desc="work", unit="s", weighted=True)
+    pending: dict[Any, tuple[Unit, list[Cell]]] = {}
+
+    def submit(u: Unit, group: list[Cell]) -> None:
+        try:
+            pending[executor.submit(ship(u))] = (u, group)
+        except ValueError as e:  # the unit cannot be shipped (no task source): fail its cells
+            for c in group if u.kind == "train" else [c for c in group if c.id == u.key]:
+                write_failed(store, c.skeleton(), f"not run: {e}")
+                summary.counts["failed"] += 1
+
+    def fanout(group: list[Cell]) -> None:
+        for c in group:
+            submit(cell_unit(c), [c])
+
+    try:
+        for c in broken:
+            write_failed(store, c.skeleton(), c.error)
+            summary.counts["failed"] += 1
+        for c in pl.na_cells:
+            write_na(store, c)
+            summary.counts["n/a"] += 1
+        for key, group in pl.groups.items():
+            task, defense, seed = group[0].task, group[0].defense, group[0].seed
+            if key in pl.needs_training:
+                submit(Unit("train", train_key(task, defense, seed), task, defense, seed=seed, out=str(out),
+                            cost=estimator.train_cost(task, defense), device=device), group)
+        for key, group in pl.groups.items():  # base-model groups and groups whose training is cached
+            if key not in pl.needs_training:
+                fanout(group)
+        while pending:
+            done, _ = cf.wait(list(pending), return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                unit, group = pending.pop(fut)
+                try:
+                    res = fut.result()
+                except Exception as e:  # noqa: BLE001 - an executor-level error (e.g. a Ray worker lost)
+                    res = {"status": "failed", "reason": f"executor error: {type(e).__name__}: {e}", "written": False}
+                bar.update(unit.cost)
+                if unit.kind == "train":
+                    summary.trained += 1
+                    if res["status"] == "ok":
+                        fanout(group)
+                    else:
+                        for c in group:
+                            write_failed(store, c.skeleton(), f"training failed: {res['reason']}",
+                                         traceback=res.get("traceback", ""))
+                            summary.counts["failed"] += 1
+                            bar.update(estimator.cell_cost(c))
+                    continue
+                if not res.get("written"):
+                    write_failed(store, unit.skeleton, res["reason"], traceback=res.get("traceback", ""))
+                summary.counts[res["status"]] += 1
+                bar.set_postfix_str(f"{group[0].defense_label} x {unit.attack.name}/{unit.view}: {res['status']}")
+    except KeyboardInterrupt:  # finished records stay; the rest is redone by the next run
+        executor.shutdown(kill=True)
+        raise
+    finally:
+        bar.close()
+        executor.shutdown()
     summary.wall_s = time.time() - t0
     return summary
 
 
-def _attack_cell(cell: Cell, train, store: Store, shared: dict) -> dict:
-    """Run one applicable cell; ``shared`` caches the group's reconstruction probes."""
+def _attack_cell(cell: Cell, train, store: Store) -> dict:
+    """Run one applicable cell; this process keeps the last group's reconstruction probes."""
     if cell.attack.kind == "membership":
         return run_membership(cell.task, cell.defense, cell.attack, cell.view, train, cell.seed)
     if cell.view != "client_update":
         raise ValueError(f"reconstruction attack {cell.attack.name} needs the client_update view")
-    if shared["probes"] is None:
-        shared["probes"] = probe_observations(cell.task, cell.defense, cell.seed)
-    return run_reconstruction(cell.task, cell.attack, shared["probes"], cell.seed, store.artifact_dir(cell.id))
+    key = stable_hash({"task": cell.task.id, "cfg": cell.task.config_hash(), "defense": cell.defense_label,
+                       "seed": cell.seed})
+    if _SHARED["key"] != key:
+        _SHARED.update(key=None, probes=None)
+        _SHARED.update(probes=probe_observations(cell.task, cell.defense, cell.seed), key=key)
+    return run_reconstruction(cell.task, cell.attack, _SHARED["probes"], cell.seed, store.artifact_dir(cell.id))
 
 
 def _costs(train, defense) -> dict[str, Any]:
@@ -168,18 +435,13 @@ def _costs(train, defense) -> dict[str, Any]:
 def _privacy(task: Task, defense: Defense | None, train) -> dict[str, Any]:
     if defense is None:
         return {"epsilon": None, "epsilon_composed": None, "delta": None, "sample_rate": None, "note": ""}
-    delta = getattr(defense, "_delta", None) or getattr(defense, "delta", None) or task.api.info.get("dp_delta", 1e-5)
-    eps = defense.epsilon(delta=delta)
+    # delta is the harness's (the one run_federated's DefenseRun used), never state read off the defense
     fl = task.fl
     central = defense.setting == "central"
-    rounds = len(train.bytes_down) if train is not None else fl.rounds
-    rate = 1.0 if central else fl.clients_per_round / fl.num_clients
-    names = tuple(train.global_state) if train is not None else None
-    comp = defense.epsilon_composed(delta=delta, rounds=rounds, sample_rate=rate, names=names) \
-        if eps is not None else None
-    n = sum(len(d) for d in task.client_data)
-    note = ""
-    if eps is not None and delta >= 1.0 / max(1, n):
-        note = f"delta={delta:g} >= 1/n: no meaningful guarantee"
-    return {"epsilon": eps, "epsilon_composed": comp, "delta": delta if eps is not None else None,
-            "sample_rate": rate if eps is not None else None, "note": note}
+    rec = privacy_record(defense, delta=resolve_delta(defense, task.api.info),
+                         rounds=len(train.bytes_down) if train is not None else fl.rounds,
+                         sample_rate=1.0 if central else fl.clients_per_round / fl.num_clients,
+                         names=tuple(train.global_state) if train is not None else None,
+                         n_samples=sum(len(d) for d in task.client_data))
+    check_privacy(rec, defense.name)  # a NaN / negative / infinite epsilon fails the cell with the reason
+    return rec

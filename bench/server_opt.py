@@ -1,4 +1,4 @@
-"""Server optimizers for federated training (the seven of papers/002 s.VII-A.2), each a small class.
+"""Server optimizers for federated training (the seven of [DP-FedLoRA] s.VII-A.2), each a small class.
 
 Every optimizer sees the round as x (current global values) and ``target`` (the aggregate of the clients'
 returned values, e.g. their sample-weighted mean); the pseudo-gradient is Delta = target - x.

@@ -1,4 +1,4 @@
-"""Per-sample model signals for membership inference, computed once and shared by every score (DESIGN.md s.7).
+"""Per-sample model signals for membership inference, computed once and shared by every score (docs/design.md s.7).
 
 One forward pass per batch of candidates gives, per token position of each ``api.info["parts"]`` slice,
 the Rényi entropies of the next-token distribution, the target token's log-probability and the modified
@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
 from .progress import progress
+from .signal_cache import SignalCache, cached
 from .types import TaskAPI
 
 INF = math.inf
@@ -40,7 +41,7 @@ def renyi_entropy(logp: Tensor, alpha: float) -> Tensor:
     """Rényi entropy H_alpha = log(sum_i p_i^alpha) / (1 - alpha) of each distribution in ``logp`` [..., V].
 
     alpha = 1 is the Shannon limit -sum p log p, alpha = inf the min-entropy -log max p (Rényi 1961;
-    the per-token quantity of MaxRényi-K%, papers/000 Eq. 11 / Li et al. 2024). Natural log.
+    the per-token quantity of MaxRényi-K%, [FedRand] Eq. 11 / Li et al. 2024). Natural log.
     """
     return _renyi(logp, logp.exp(), alpha)
 
@@ -96,7 +97,7 @@ def masked_topk_mean(values: Tensor, mask: Tensor, k_percent: float, *, largest:
     """Mean of the largest (or smallest) K% of each row's masked values: [N, T] -> [N].
 
     K% of n positions is floor(n K / 100), at least one, so K = 0 is the max (min) and K = 100 the mean
-    (papers/000 Eq. 11: MaxRényi-0% is the maximum; Min-K% prob of Shi et al. 2024 likewise).
+    ([FedRand] Eq. 11: MaxRényi-0% is the maximum; Min-K% prob of Shi et al. 2024 likewise).
     """
     if not 0 <= k_percent <= 100:
         raise ValueError(f"K must be in [0, 100], got {k_percent}")
@@ -110,6 +111,24 @@ def masked_topk_mean(values: Tensor, mask: Tensor, k_percent: float, *, largest:
     # only the first k (finite) entries of each row are summed
     first = torch.arange(v.shape[1]).unsqueeze(0) < k.unsqueeze(1)
     return torch.where(first, v, torch.zeros_like(v)).sum(1) / k
+
+
+def masked_topk_means(values: Tensor, mask: Tensor, ks: Sequence[float], *, largest: bool) -> dict[float, Tensor]:
+    """:func:`masked_topk_mean` for several K at once: one sort and one cumulative sum per row serve
+    every K (the MaxRényi-K% / Min-K% grids)."""
+    if any(not 0 <= k <= 100 for k in ks):
+        raise ValueError(f"K must be in [0, 100], got {list(ks)}")
+    n = mask.sum(1)
+    if (n == 0).any():
+        bad = torch.nonzero(n == 0).flatten()[:5].tolist()
+        raise ValueError(f"candidates {bad} have no token positions in this part; cannot score them")
+    fill = -INF if largest else INF
+    v = values.double().masked_fill(~mask, fill).sort(dim=1, descending=largest).values
+    csum = v.masked_fill_(~torch.isfinite(v), 0.0).cumsum(1)
+    pct = torch.tensor([float(k) for k in ks], dtype=torch.float64)
+    k = torch.clamp((n.double().unsqueeze(1) * pct / 100.0 + 1e-9).floor().long(), min=1)  # [N, len(ks)]
+    means = csum.gather(1, k - 1) / k
+    return {k_percent: means[:, j] for j, k_percent in enumerate(ks)}
 
 
 def alpha_name(alpha: float) -> str:
@@ -149,34 +168,182 @@ def _batches(items: Sequence[Any], batch_size: int, desc: str) -> Iterator[Seque
         yield items[s:s + batch_size]
 
 
-def _token_rows(logp: Tensor, tgt: Tensor | None, alphas: Sequence[float],
-                mod_alphas: Sequence[float]) -> dict[str, Tensor]:
-    p = logp.exp()
-    out = {f"H{a}": _renyi(logp, p, a) for a in alphas}
-    if tgt is not None:
-        out["logprob"] = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-        terms = _mod_terms(logp, tgt, p) if mod_alphas else None
-        for a in mod_alphas:
-            out[f"M{a}"] = _mod_renyi(terms, a)
+def _vdot(a: Tensor, b: Tensor, buf: Tensor | None = None) -> Tensor:
+    """Row-wise dot products of two [c, V] matrices (the product written into ``buf`` when given)."""
+    if buf is None:
+        return torch.linalg.vecdot(a, b)
+    return torch.mul(a, b, out=buf).sum(-1)
+
+
+class _Scratch:
+    """Reused [rows, V] work buffers: a fresh multi-MB temporary per pass is mmap'd and page-faulted
+    anew every time (issue 12: most of the former cost was system time)."""
+
+    def __init__(self) -> None:
+        self.bufs: dict[str, Tensor] = {}
+
+    def get(self, name: str, like: Tensor) -> Tensor:
+        b = self.bufs.get(name)
+        if b is None or b.shape[1] != like.shape[1] or b.shape[0] < like.shape[0] or b.dtype != like.dtype \
+                or b.device != like.device:
+            b = self.bufs[name] = torch.empty_like(like)
+        return b[:like.shape[0]]
+
+
+SERIES_BELOW = 5e-4  # p_j at most this: ModRényi's per-entry terms from their power series (module doc)
+_BLOCK = 16
+
+
+def _entries_above(e: Tensor, tau: Tensor) -> tuple[Tensor, Tensor]:
+    """(rows, cols) of the entries of ``e`` [c, V] above the per-row ``tau`` [c] (few: at most 1 /
+    ``SERIES_BELOW`` per row of probabilities), found through the maxima of ``nb`` groups of ``_BLOCK``
+    strided columns: one vectorised max pass instead of a comparison and ``nonzero`` over every entry."""
+    c, V = e.shape
+    nb = V // _BLOCK
+    found_r, found_c = [], []
+    if nb:  # group j = columns j, j + nb, j + 2 nb, ...
+        groups = e[:, :nb * _BLOCK].reshape(c, _BLOCK, nb)
+        gr, gj = torch.nonzero(groups.amax(1) > tau.unsqueeze(1), as_tuple=True)
+        if len(gr):
+            r, k = torch.nonzero(groups[gr, :, gj] > tau[gr].unsqueeze(1), as_tuple=True)
+            found_r.append(gr[r])
+            found_c.append(k * nb + gj[r])
+    if nb * _BLOCK < V:
+        r, k = torch.nonzero(e[:, nb * _BLOCK:] > tau.unsqueeze(1), as_tuple=True)
+        found_r.append(r)
+        found_c.append(k + nb * _BLOCK)
+    if not found_r:
+        empty = torch.zeros(0, dtype=torch.long, device=e.device)
+        return empty, empty
+    return torch.cat(found_r), torch.cat(found_c)
+
+
+def _token_rows(z: Tensor, tgt: Tensor | None, alphas: Sequence[float],
+                mod_alphas: Sequence[float], work: _Scratch | None = None) -> dict[str, Tensor]:
+    """Every per-position signal of a chunk of logits ``z`` [c, V] in about a dozen passes over the vocabulary.
+
+    ``zm = z - max``, ``e = exp zm`` (never normalised: p = e / s, s = sum e, log p = zm - log s); the
+    Rényi entropies from row reductions (H_1 = log s - <e, zm> / s, H_2 = -log(sum e^2 / s^2),
+    H_inf = log s, H_0.5 = 2 log(sum sqrt e / sqrt s)); the target's log-probability from its column;
+    then, with the target's entries zeroed in place, ModRényi's sums over j != y of p log(1-p) (order 1),
+    p (sqrt(1-p) - 1) (order 0.5 / 1.5) and p^2 (order 2) from the power series in p through p^3 (row
+    sums of p^2 and p^3; truncation below 1e-7 relative for p <= ``SERIES_BELOW``) plus exact terms for
+    the few larger entries: no transcendental pass for ModRényi. Same values as :func:`renyi_entropy`
+    and :func:`modified_renyi_entropy` to float32 precision (tested).
+    """
+    work = work if work is not None else _Scratch()
+    z = z.float()
+    zm = torch.sub(z, z.amax(-1, keepdim=True), out=work.get("zm", z))
+    e = torch.exp(zm, out=work.get("e", z))
+    s = e.sum(-1)
+    log_s = s.log()
+    tmp = work.get("tmp", z)
+    out: dict[str, Tensor] = {}
+    key2 = next((f"H{a}" for a in alphas if a == 2), None)
+    need2 = key2 is not None
+    q = torch.mul(e, e, out=work.get("q", z)) if (need2 or (tgt is not None and mod_alphas)) else None
+    for a in alphas:
+        if a < 0:
+            raise ValueError(f"Rényi order must be >= 0, got {a}")
+        if a == 1:
+            h = log_s - _vdot(e, zm, tmp) / s
+        elif math.isinf(a):
+            h = log_s.clone()
+        elif a == 2:
+            h = None  # below, from sum e^2 (off-target part + the target's, when there is a target)
+        elif a == 0.5:
+            h = 2.0 * torch.sqrt(e, out=tmp).sum(-1).log() - log_s
+        else:
+            h = (torch.logsumexp(a * zm, dim=-1) - a * log_s) / (1.0 - a)
+        out[f"H{a}"] = h
+    if tgt is None:
+        if need2:
+            out[key2] = 2 * log_s - q.sum(-1).log()
+        return out
+    idx = tgt.unsqueeze(-1)
+    logpy = zm.gather(-1, idx).squeeze(-1) - log_s
+    out["logprob"] = logpy
+    ey = e.gather(-1, idx).squeeze(-1)
+    if q is None:
+        return out
+    q.scatter_(-1, idx, 0.0)
+    q_off = q.sum(-1)  # sum_{j != y} e_j^2
+    if need2:  # sum e^2 = off-target + target: a sum of non-negative terms, no cancellation
+        out[key2] = 2 * log_s - (q_off.double() + ey.double() ** 2).log().to(s.dtype)
+    if not mod_alphas:
+        return out
+    py = ey / s
+    e.scatter_(-1, idx, 0.0)  # e is not needed any more: off-target entries only
+    s2, s3 = q_off / s ** 2, _vdot(q, e, tmp) / s ** 3
+    rows, cols = _entries_above(e, SERIES_BELOW * s)
+    big = (e[rows, cols] / s[rows]).double()
+
+    def tail(term, c2: float, c3: float) -> Tensor:
+        """sum_{j != y} term(p_j) = -(c2 p^2 + c3 p^3 + ...): the series for every entry, exact on the large ones."""
+        fix = (term(big) + c2 * big ** 2 + c3 * big ** 3).to(s.dtype)
+        return -(c2 * s2 + c3 * s3) + torch.zeros_like(s2).index_add_(0, rows, fix)
+
+    for a in mod_alphas:
+        if a == 1:  # sum p log(1-p) = -sum p^2 + p^3/2 + ...
+            t1 = tail(lambda v: v * torch.log1p(-v.clamp(max=1 - 1e-12)), 1.0, 0.5)
+            out[f"M{a}"] = -(1 - py) * logpy - t1
+            continue
+        ea = abs(1.0 - a)
+        head = (1 - py) * torch.expm1(ea * logpy)  # (1-p_y)(p_y^ea - 1)
+        if ea == 1:  # alpha = 2 (or 0): (1-p_j) - 1 = -p_j
+            t = -s2
+        elif ea == 0.5:  # alpha = 0.5 or 1.5: sum p (sqrt(1-p) - 1) = -sum p^2/2 + p^3/8 + ...
+            t = tail(lambda v: v * (torch.sqrt((1 - v).clamp(min=0)) - 1), 0.5, 0.125)
+        else:
+            p_off = e / s.unsqueeze(-1)
+            t = _vdot(p_off, torch.expm1(ea * torch.log1p(-p_off.clamp(max=1 - 1e-12))))
+        out[f"M{a}"] = -(head + t) / ea
     return out
+
+
+def signal_names(alphas: Sequence[float], mod_alphas: Sequence[float], targets: bool) -> list[str]:
+    return [f"H{a}" for a in alphas] + (["logprob"] + [f"M{a}" for a in mod_alphas] if targets else [])
+
+
+def _pad(xs: list[Tensor]) -> Tensor:
+    return pad_sequence(xs, batch_first=True) if xs else torch.zeros(0, 0)
 
 
 @torch.no_grad()
 def token_signals(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, alphas: Sequence[float],
-                  mod_alphas: Sequence[float] = (), batch_size: int = 8, chunk_rows: int = 256,
-                  parts: Sequence[str] | None = None, desc: str = "signals") -> dict[str, PartSignals]:
+                  mod_alphas: Sequence[float] = (), batch_size: int = 8, chunk_rows: int = 8,
+                  parts: Sequence[str] | None = None, desc: str = "signals",
+                  cache: SignalCache | None = None) -> dict[str, PartSignals]:
     """One forward pass per batch and part; per-token Rényi entropies, target log-probs, ModRényi.
 
     ``api.logits(model, batch, part)`` gives (logits [B,T,V], targets [B,T] or None, mask [B,T]); the
-    softmax is evaluated in chunks of ``chunk_rows`` masked positions (float32) to bound memory.
+    statistics are computed in chunks of ``chunk_rows`` token positions (small: a chunk's few [c, V]
+    temporaries stay in cache; 256 rows of a 49k vocabulary were 50 MB temporaries and page faults).
+    With a ``cache`` (``obs.signals``) an identical earlier call (same model state, candidates, settings)
+    is reused instead of recomputed. Only these per-token reductions are kept, never the logits.
     """
     if api.logits is None:
         raise ValueError(f"task {api.name!r} has no language-model head (api.logits)")
     parts = list(parts if parts is not None else api.info.get("parts", ("text",)))
     if not alphas:
         raise ValueError("token_signals needs at least one Rényi order")
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    kind = ("token_signals", tuple(parts), tuple(alphas), tuple(mod_alphas), batch_size)
+
+    def compute() -> dict[str, PartSignals]:
+        return _token_signals(api, model, items, alphas=alphas, mod_alphas=mod_alphas, batch_size=batch_size,
+                              chunk_rows=chunk_rows, parts=parts, desc=desc)
+
+    return cached(cache, kind, model, items, compute)
+
+
+def _token_signals(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, alphas: Sequence[float],
+                   mod_alphas: Sequence[float], batch_size: int, chunk_rows: int, parts: list[str],
+                   desc: str) -> dict[str, PartSignals]:
     rows: dict[str, dict[str, list[Tensor]]] = {p: {} for p in parts}
     has_tgt: dict[str, bool] = {}
+    work = _Scratch()
     with eval_mode(model):
         for chunk in _batches(items, batch_size, desc):
             batch = api.collate(list(chunk))
@@ -186,31 +353,28 @@ def token_signals(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, alpha
                 if has_tgt.setdefault(part, targets is not None) != (targets is not None):
                     raise ValueError(f"api.logits part {part!r} returned targets for some batches only")
                 counts = mask.sum(1).tolist()
-                flat = logits[mask]  # [n_selected, V]
-                ftgt = targets[mask].long() if targets is not None else None
+                # selected positions, copied one chunk at a time (logits[mask] copied all B x T x V at once)
+                flat = logits.reshape(-1, logits.shape[-1])
+                pos = mask.reshape(-1).nonzero().squeeze(1).to(flat.device)
+                ftgt = targets.reshape(-1)[pos].long() if targets is not None else None
                 acc: dict[str, list[Tensor]] = {}
-                for s in range(0, max(flat.shape[0], 1), chunk_rows):  # runs once on an empty slice too
-                    logp = torch.log_softmax(flat[s:s + chunk_rows].float(), dim=-1)
+                for s in range(0, max(len(pos), 1), chunk_rows):  # runs once on an empty slice too
                     t = ftgt[s:s + chunk_rows] if ftgt is not None else None
-                    for k, v in _token_rows(logp, t, alphas, mod_alphas).items():
+                    for k, v in _token_rows(flat.index_select(0, pos[s:s + chunk_rows]), t, alphas,
+                                            mod_alphas, work).items():
                         acc.setdefault(k, []).append(v)
                 for k, vs in acc.items():
-                    rows[part].setdefault(k, []).extend(torch.split(torch.cat(vs), counts))
+                    rows[part].setdefault(k, []).extend(torch.split(torch.cat(vs).cpu(), counts))
     out = {}
     for part in parts:
-        r = {k: rows[part].get(k, []) for k in [f"H{a}" for a in alphas] + ["logprob"]
-             + [f"M{a}" for a in mod_alphas]}
+        r = {k: rows[part].get(k, []) for k in signal_names(alphas, mod_alphas, True)}
         lengths = torch.tensor([len(x) for x in r[f"H{alphas[0]}"]], dtype=torch.long)
         T = int(lengths.max()) if len(lengths) else 0
         mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
-
-        def pad(xs: list[Tensor]) -> Tensor:
-            return pad_sequence(xs, batch_first=True) if xs else torch.zeros(0, 0)
-
-        ps = PartSignals(mask=mask, entropy={a: pad(r[f"H{a}"]) for a in alphas})
+        ps = PartSignals(mask=mask, entropy={a: _pad(r[f"H{a}"]) for a in alphas})
         if has_tgt.get(part):
-            ps.target_logprob = pad(r["logprob"])
-            ps.mod_entropy = {a: pad(r[f"M{a}"]) for a in mod_alphas}
+            ps.target_logprob = _pad(r["logprob"])
+            ps.mod_entropy = {a: _pad(r[f"M{a}"]) for a in mod_alphas}
         out[part] = ps
     return out
 
@@ -239,13 +403,21 @@ def loss_matrix(api: TaskAPI, model: nn.Module, batch: Any, timesteps: Sequence[
 
 @torch.no_grad()
 def per_sample_losses(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, batch_size: int = 16,
-                      timesteps: Sequence[int] = (), desc: str = "losses") -> Tensor:
-    """[N, F] per-sample losses (F = len(timesteps), or 1 for ``api.per_sample_loss``), float64."""
-    out = []
-    with eval_mode(model):
-        for chunk in _batches(items, batch_size, desc):
-            out.append(loss_matrix(api, model, api.collate(list(chunk)), timesteps).detach().double())
-    return torch.cat(out) if out else torch.zeros(0, max(1, len(timesteps)), dtype=torch.float64)
+                      timesteps: Sequence[int] = (), desc: str = "losses", seed: int | None = None,
+                      cache: SignalCache | None = None) -> Tensor:
+    """[N, F] per-sample losses (F = len(timesteps), or 1 for ``api.per_sample_loss``), float64.
+
+    ``seed``: run under that torch seed (diffusion noise); only a seeded call is cached (``cache``),
+    since an unseeded one depends on the caller's random state."""
+    def compute() -> Tensor:
+        out = []
+        with seeded(seed) if seed is not None else contextlib.nullcontext(), eval_mode(model):
+            for chunk in _batches(items, batch_size, desc):
+                out.append(loss_matrix(api, model, api.collate(list(chunk)), timesteps).detach().double().cpu())
+        return torch.cat(out) if out else torch.zeros(0, max(1, len(timesteps)), dtype=torch.float64)
+
+    kind = ("losses", tuple(int(t) for t in timesteps), batch_size, seed)
+    return cached(cache if seed is not None else None, kind, model, items, compute)
 
 
 def attack_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -296,13 +468,27 @@ def _grad_norms_loop(wrapper: _LossOf, params: dict[str, nn.Parameter], items: S
 
 def per_sample_grad_norms(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, batch_size: int = 8,
                           timesteps: Sequence[int] = (), use_vmap: bool = True, memory_mb: float = 1024.0,
-                          desc: str = "per-sample grads") -> tuple[Tensor, list[str]]:
+                          desc: str = "per-sample grads", seed: int | None = None,
+                          cache: SignalCache | None = None) -> tuple[Tensor, list[str]]:
     """[N, L] L2 norms of each sample's loss gradient w.r.t. each parameter tensor, and the tensor names.
 
     Per-sample gradients via ``torch.func`` (functional_call + vmap, chunked to ~``memory_mb`` of
     gradients); when the model or the task loss is not vmappable (data-dependent control flow,
-    non-tensor batch fields, ...) it falls back to one backward pass per sample.
+    non-tensor batch fields, ...) it falls back to one backward pass per sample. ``seed`` / ``cache``
+    as in :func:`per_sample_losses`: a seeded call is computed once per (model state, candidates).
     """
+    def compute() -> tuple[Tensor, list[str]]:
+        with seeded(seed) if seed is not None else contextlib.nullcontext():
+            return _per_sample_grad_norms(api, model, items, batch_size=batch_size, timesteps=timesteps,
+                                          use_vmap=use_vmap, memory_mb=memory_mb, desc=desc)
+
+    kind = ("grad_norms", tuple(int(t) for t in timesteps), batch_size, use_vmap, memory_mb, seed)
+    return cached(cache if seed is not None else None, kind, model, items, compute)
+
+
+def _per_sample_grad_norms(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, batch_size: int,
+                           timesteps: Sequence[int], use_vmap: bool, memory_mb: float,
+                           desc: str) -> tuple[Tensor, list[str]]:
     params = attack_parameters(model)
     names = list(params)
     wrapper = _LossOf(model, api, timesteps)

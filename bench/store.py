@@ -7,10 +7,15 @@ Schema (``schema_version`` 1), documented in README.md "Result records":
   per_sample {metric: [values per image]} (reconstruction), roc {fpr, tpr},
   per_candidate {score, member, variants {score name: [scores]} for the attack's kept variants} (membership),
   utility {name: value},
-  privacy {epsilon, epsilon_composed, delta, sample_rate, note},
+  privacy {epsilon, epsilon_composed, delta, sample_rate, note, epsilon_lower_bound {value, confidence, delta,
+  attack, ...} (membership: the empirical audit, bench/audit.py)},
   cost {bytes_up_per_round, bytes_down_per_round, params_up_per_round, train_wall_s, attack_wall_s,
   peak_mem_mb}, artifacts {name: path relative to the output dir}, provenance {code_version, packages,
   config_hash, started_at, ...}.
+
+Every record is checked against the typed schema (bench/schema.py) when written and when read: an invalid
+file is moved to ``<out>/quarantine/<scenario>/<file>`` with ``<file>.reason.txt`` (never deleted), reported
+on stderr, and its cell counts as not done, so the next ``run`` redoes it.
 """
 from __future__ import annotations
 
@@ -20,15 +25,21 @@ import math
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 import time
 from functools import lru_cache
 from importlib import metadata
-from pathlib import Path
-from typing import Any, Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterable, Iterator
 
-SCHEMA_VERSION = 1
+from .schema import SCHEMA_VERSION, validate
+
 FINISHED = ("ok", "n/a")
+
+
+class RecordInvalid(ValueError):
+    """A record the harness built fails the schema; the runner keeps the cell as ``failed`` with this reason."""
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -43,6 +54,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    try:  # make the rename itself durable (a power cut, not just a killed process)
+        dfd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename is still atomic
+    finally:
+        os.close(dfd)
 
 
 def jsonable(obj: Any) -> Any:
@@ -54,6 +75,31 @@ def jsonable(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [jsonable(v) for v in obj]
     return obj
+
+
+def quarantine(files: Iterable[Path], qdir: Path, reason: str) -> list[Path]:
+    """Move ``files`` (those that exist) into ``qdir`` with a ``<name>.reason.txt`` beside each; never
+    overwrites an earlier quarantined file (a numeric suffix is added). Reports each move on stderr."""
+    moved = []
+    for f in files:
+        if not f.is_file():
+            continue
+        dest, k = qdir / f.name, 1
+        try:
+            qdir.mkdir(parents=True, exist_ok=True)
+            while dest.exists():
+                dest, k = qdir / f"{f.name}.{k}", k + 1
+            f.replace(dest)
+            dest.with_name(dest.name + ".reason.txt").write_text(reason + "\n")
+        except FileNotFoundError:  # another process moved it first
+            continue
+        except OSError as e:
+            print(f"warning: could not quarantine {f} ({reason}): {type(e).__name__}: {e}",  # noqa: T201
+                  file=sys.stderr)
+            continue
+        print(f"quarantined {f} -> {dest}: {reason}", file=sys.stderr)  # noqa: T201 - reported by design
+        moved.append(dest)
+    return moved
 
 
 def stable_hash(obj: Any, n: int = 16) -> str:
@@ -74,28 +120,81 @@ class Store:
         d.mkdir(parents=True, exist_ok=True)
         return d
 
-    def finished(self, scenario: str, cell_id: str) -> bool:
-        p = self.record_path(scenario, cell_id)
-        if not p.exists():
-            return False
+    def quarantine_dir(self, scenario: str) -> Path:
+        return self.out / "quarantine" / scenario
+
+    def load(self, path: Path) -> dict | None:
+        """The record at ``path`` when it is a valid schema-1 record of that file name, else None (the file
+        is then quarantined and reported)."""
+        why: str | None
         try:
-            return json.loads(p.read_text()).get("status") in FINISHED
-        except json.JSONDecodeError:
-            return False
+            rec = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, RecursionError) as e:  # ValueError: not JSON / not UTF-8
+            why = f"unreadable: {type(e).__name__}: {e}"
+        else:
+            if isinstance(rec, dict) and isinstance(rec.get("artifacts"), dict):  # records of earlier versions
+                rec["artifacts"] = {k: self.relative(v, legacy=True) for k, v in rec["artifacts"].items()}
+            why = validate(rec)
+            if why is None and (rec["scenario"], rec["cell_id"]) != (path.parent.name, path.stem):
+                why = (f"record of {rec['scenario']}/{rec['cell_id']} stored as "
+                       f"{path.parent.name}/{path.name}")
+            if why is None:
+                return rec
+        quarantine([path], self.quarantine_dir(path.parent.name), f"invalid record: {why}")
+        return None
+
+    def finished(self, scenario: str, cell_id: str) -> bool:
+        rec = self.load(self.record_path(scenario, cell_id))
+        return rec is not None and rec["status"] in FINISHED
 
     def write(self, record: dict) -> Path:
-        record = jsonable({"schema_version": SCHEMA_VERSION, **record})
+        """Write ``record`` atomically after checking it against the schema (raises RecordInvalid, writing
+        nothing); artifact paths are stored relative to the output directory."""
+        record = {"schema_version": SCHEMA_VERSION, **record}
+        if record.get("artifacts"):
+            record["artifacts"] = {k: self.relative(v) for k, v in record["artifacts"].items()}
+        record = jsonable(record)
+        why = validate(record)
+        if why is not None:
+            raise RecordInvalid(f"record fails the schema: {why}")
         p = self.record_path(record["scenario"], record["cell_id"])
         atomic_write_bytes(p, json.dumps(record, indent=1, sort_keys=True, allow_nan=False).encode())
         return p
 
+    def relative(self, path: Any, *, legacy: bool = False) -> Any:
+        """``path`` (absolute, or relative to the working directory as the harness builds it) relative to the
+        output directory in POSIX form when it lies inside it; otherwise unchanged (the schema then rejects
+        an absolute path, and takes a relative one as relative to the output directory already).
+        ``legacy``: an absolute path a record of an earlier version holds, maybe from a folder since moved,
+        is read from its ``artifacts/`` component on."""
+        if not isinstance(path, (str, Path)):
+            return path  # the schema names the problem
+        p = Path(path)
+        try:
+            return p.resolve().relative_to(self.out.resolve()).as_posix()
+        except (ValueError, OSError):
+            pass
+        if not p.is_absolute():
+            return p.as_posix()
+        parts = p.parts
+        if legacy and "artifacts" in parts:
+            return PurePosixPath(*parts[len(parts) - 1 - parts[::-1].index("artifacts"):]).as_posix()
+        return str(path)
+
+    def resolve(self, rel: str) -> Path:
+        """An artifact path from a record (relative to the output directory) as a path to open."""
+        return self.out / rel
+
     def records(self) -> Iterator[dict]:
+        """Every valid record; invalid files are quarantined and reported, not raised."""
         root = self.out / "records"
         for p in sorted(root.glob("*/*.json")):
-            rec = json.loads(p.read_text())
-            if rec.get("schema_version") != SCHEMA_VERSION:
-                raise ValueError(f"{p}: schema_version {rec.get('schema_version')} != {SCHEMA_VERSION}")
-            prov = rec.setdefault("provenance", {})
+            rec = self.load(p)
+            if rec is None:
+                continue
+            prov = rec["provenance"]
             if not prov.get("started_at"):  # records written before started_at existed: the file's time
                 prov["started_at"] = utc_stamp(p.stat().st_mtime)
             yield rec
@@ -117,7 +216,7 @@ def provenance() -> dict:
                                     capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         sha, dirty = "", False
-    pkgs = {}
+    pkgs: dict[str, str | None] = {}
     for name in ("torch", "torchvision", "timm", "transformers", "peft", "diffusers", "scikit-learn",
                  "scikit-image", "opacus", "numpy"):
         try:

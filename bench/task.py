@@ -35,6 +35,13 @@ class Task:
     max_membership: int = 64  # candidates per side (members / non-members) for MIA cells
     extras: Mapping[str, Any] = field(default_factory=dict)  # defender-side data (e.g. D_aux^nm)
     config: Mapping[str, Any] = field(default_factory=dict)  # everything pinned, hashed for caching
+    # membership evaluation restricted to these positions of each pool, the rest being the attacker's aux
+    # split (ldm-t2i: [SMP-LoRA] evaluates on D_te only): keys "central" (central_data), "clients" (the
+    # clients' data concatenated) and "nonmembers"; None = the whole pools (bench.cells.view_split)
+    eval_subsets: Mapping[str, Sequence[int]] | None = None
+    # a picklable zero-argument builder returning this task (or a list holding it): how a worker process
+    # rebuilds the task (bench.runner.TaskRef); set by the CLI, None = in-process runs only
+    source: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def id(self) -> str:

@@ -3,7 +3,7 @@
 ``fortunes`` / ``fortunes-min`` install ~13.8k short English texts under ``/usr/share/games/fortunes/``
 in strfile format (entries separated by a line holding only ``%``; file name = category, which gives
 the non-IID client splits). Alpaca-GPT4 (``vicgalle/alpaca-gpt4``) is the DP-FedLoRA paper's data
-(papers/002 s.V-A), read from the local Hugging Face cache only.
+([DP-FedLoRA] s.V-A), read from the local Hugging Face cache only.
 """
 from __future__ import annotations
 

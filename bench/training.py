@@ -1,19 +1,24 @@
 """Train once, attack many: a (task, defense, seed) training run cached by its config hash.
 
 The cache holds the server's view (global state, each client's latest sent weights, the message
-transcript's metadata), the utility of the global model, and costs. Written atomically.
+transcript's metadata), the utility of the global model, and costs: tensors as safetensors, the rest as
+JSON with the tensors' checksum (bench/cachefile.py; no pickle). A damaged entry is quarantined and the run
+retrained.
 """
 from __future__ import annotations
 
-import io
+import dataclasses
+import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from . import cachefile
 from .fl import TrainResult, client_model_state, load_state, run_federated
-from .store import atomic_write_bytes, stable_hash
+from .store import stable_hash
 from .task import Task
 from .types import Defense, params_of
 
@@ -23,8 +28,6 @@ MAX_CLIENT_NUMEL = 5_000_000
 
 def label(method) -> str:
     """``flrsp(R=0.8,form=fedsgd)``: name plus the parameters that differ from the defaults."""
-    import dataclasses
-
     diffs = []
     for f in dataclasses.fields(method) if dataclasses.is_dataclass(method) else []:
         if not f.init:
@@ -41,8 +44,11 @@ def train_key(task: Task, defense: Defense, seed: int) -> str:
                         "defense": defense.name, "params": params_of(defense), "seed": seed})
 
 
-def target_client(train: TrainResult) -> int:
-    """The client the curious server reconstructs: the one that sent the most weight messages."""
+def target_client(train: TrainResult, *, seed: int | None = None, num_clients: int | None = None) -> int:
+    """The client the curious server reconstructs: ``seed % num_clients`` when given (fixed across defenses,
+    so every defense's cell scores the same person's data), else the one that sent the most weight messages."""
+    if seed is not None and num_clients:
+        return seed % num_clients
     counts: dict[int, int] = {}
     for m in train.transcript:
         if m["kind"] == "weights":
@@ -58,28 +64,73 @@ def build_trained_model(task: Task, defense: Defense, state: dict[str, torch.Ten
     return model
 
 
+def _encode(res: TrainResult) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    groups = {"global": res.global_state, "buffers": res.global_buffers,
+              **{f"client{k}": v for k, v in res.client_latest.items()}}
+    tensors, order = cachefile.flatten(groups)
+    meta = {k: v for k, v in asdict(res).items() if k not in ("global_state", "global_buffers", "client_latest")}
+    return tensors, {**meta, "order": order, "clients": list(res.client_latest)}
+
+
+def _decode(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> TrainResult:
+    groups = cachefile.unflatten(tensors, meta["order"])
+    scalars = {f.name: meta[f.name] for f in dataclasses.fields(TrainResult) if f.name in meta}
+    return TrainResult(global_state=groups["global"], global_buffers=groups["buffers"],
+                       client_latest={int(k): groups[f"client{k}"] for k in meta["clients"]}, **scalars)
+
+
+def _legacy(blob: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A cache file of the former torch.save(asdict(TrainResult)) layout (read with weights_only=True)."""
+    if not isinstance(blob, dict):
+        raise TypeError(f"expected a dict, got {type(blob).__name__}")
+    return _encode(TrainResult(**blob))
+
+
+def cache_stem(task: Task, defense: Defense, seed: int, cache_root: Path) -> Path:
+    """``<cache_root>/train/<train_key>``: the entry's JSON is ``<stem>.json`` (bench/cachefile.py)."""
+    return cache_root / "train" / train_key(task, defense, seed)
+
+
+def _quarantine_dir(cache_root: Path) -> Path:
+    return cache_root.parent / "quarantine" / cache_root.name / "train"
+
+
+def cached(task: Task, defense: Defense, seed: int, cache_root: Path) -> bool:
+    """True when this training run's cache entry exists and is intact (checksum); a damaged one is
+    quarantined now, so a planner schedules the retraining."""
+    return cachefile.verify(cache_stem(task, defense, seed, cache_root), quarantine_dir=_quarantine_dir(cache_root))
+
+
 def get_training(task: Task, defense: Defense, seed: int, cache_root: Path) -> TrainResult:
-    """Load the cached run or train it now (and evaluate the global model's utility)."""
-    path = cache_root / "train" / f"{train_key(task, defense, seed)}.pt"
-    if path.exists():
-        blob = torch.load(path, map_location="cpu", weights_only=False)
-        return TrainResult(**blob)
+    """Load the cached run or train it now (and evaluate the global model's utility).
+
+    A damaged cache entry is moved to ``<cache_root>/../quarantine/cache/train/`` and the run retrained."""
+    stem = cache_stem(task, defense, seed, cache_root)
+    qdir = _quarantine_dir(cache_root)
+    hit = cachefile.load(stem, _decode, quarantine_dir=qdir, legacy=(stem.with_name(stem.name + ".pt"), _legacy))
+    if hit is not None:
+        return hit
     model, res = run_federated(task, defense, seed, desc=f"train {task.id} {label(defense)} s{seed}")
     numel = sum(t.numel() for t in res.global_state.values())
     if numel > MAX_CLIENT_NUMEL:  # large models: keep only the client the curious server targets
-        keep = target_client(res)
+        keep = target_client(res, seed=seed, num_clients=len(task.client_data))
         res.client_latest = {c: v for c, v in res.client_latest.items() if c == keep}
     model.eval()
     with torch.no_grad():
         res.utility = {k: float(v) for k, v in task.utility(model).items()}
     if task.extras.get("client_utility") and res.client_latest:
-        # The target client's own model (papers/000 Table 1 reports client-side utility too).
-        client = target_client(res)
-        cmodel = build_trained_model(task, defense, client_model_state(res.global_state, res.client_latest.get(client, {})),
-                                     res.global_buffers)
+        # The target client's own model ([FedRand] Table 1 reports client-side utility too).
+        client = target_client(res, seed=seed, num_clients=len(task.client_data))
+        cstate = client_model_state(res.global_state, res.client_latest.get(client, {}))
+        cmodel = build_trained_model(task, defense, cstate, res.global_buffers)
         with torch.no_grad():
             res.utility.update({f"client_{k}": float(v) for k, v in task.utility(cmodel).items()})
-    buf = io.BytesIO()
-    torch.save(asdict(res), buf)
-    atomic_write_bytes(path, buf.getvalue())
+    tensors, meta = _encode(res)
+    meta["key"] = {"task": task.id, "preset": task.preset, "defense": defense.name, "params": params_of(defense),
+                   "seed": seed}
+    try:
+        cachefile.save(stem, tensors, meta)
+    except (TypeError, ValueError, OSError) as e:  # the run itself is fine: use it, retrain next time
+        print(f"warning: training cache for {label(defense)} seed {seed} not written: {type(e).__name__}: {e}",  # noqa: T201
+              file=sys.stderr)
     return res

@@ -1,7 +1,7 @@
 """Core data types shared by the harness, the defenses and the attacks.
 
 The harness owns ground truth; a defense sees a client's data and the global state; an attack sees
-only an :class:`Observation` built by the harness for the threat view it declares (DESIGN.md s.2).
+only an :class:`Observation` built by the harness for the threat view it declares (docs/design.md s.2).
 """
 from __future__ import annotations
 
@@ -62,6 +62,20 @@ class FLConfig:
 
 
 @dataclass
+class DefenseRun:
+    """Per-training-run state of one (task, defense config, seed), created by the harness.
+
+    Defense dataclasses hold hyper-parameters only and are never mutated by a run; what a run needs or
+    accumulates (the resolved DP ``delta``, a server optimiser's momentum, ...) lives here
+    (:mod:`bench.run_state` creates it; ``Defense.start_run`` fills ``state``).
+    """
+
+    delta: float  # the DP delta of this run: the defense's configured one, else the scenario's dp_delta
+    seed: int = 0
+    state: dict[str, Any] = field(default_factory=dict)  # the defense's mutable per-run objects
+
+
+@dataclass
 class RoundCtx:
     """Everything a defense may know about the current round besides its own client's data."""
 
@@ -75,6 +89,7 @@ class RoundCtx:
     shared_names: tuple[str, ...] = ()
     log: dict[str, list] = field(default_factory=dict)  # per-step diagnostics a defense wants logged
     extras: Mapping[str, Any] = field(default_factory=dict)  # defender-side data a scenario provides
+    run: DefenseRun | None = None  # this training run's state (the same object every round); None: a lone round
 
     def log_value(self, key: str, value: float) -> None:
         self.log.setdefault(key, []).append(float(value))
@@ -115,13 +130,17 @@ class TaskAPI:
 
 @dataclass(frozen=True)
 class Observation:
-    """What an attack observes, built by the harness from the transcript (DESIGN.md s.2)."""
+    """What an attack observes, built by the harness from the transcript (docs/design.md s.2)."""
 
     view: str
     model: nn.Module | None
     message: Message | None
     api: TaskAPI
     public: Mapping[str, Any] = field(default_factory=dict)
+    seed: int = 0  # the cell seed: attacks seed their randomness from it
+    # signals shared by the attacks of one (task, defense, seed) cell group, keyed by model state and
+    # candidates (a bench.signal_cache.SignalCache, in memory only); None = every attack computes its own
+    signals: Any = None
 
 
 @dataclass
@@ -131,6 +150,10 @@ class Scores:
     scores: dict[str, Tensor]  # several named score variants (e.g. MaxRenyi-K%% for each alpha, K)
     primary: str = ""
     keep: tuple[str, ...] = ()  # further variants whose per-candidate scores the record keeps (for intervals)
+    # score name -> (aux members' scores, aux non-members' scores) on attacker data the attack did not fit
+    # on (e.g. cross-validated): the harness picks the ASR threshold there (metrics.asr_aux), never on the
+    # evaluation candidates
+    calibration: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.scores:
@@ -159,7 +182,7 @@ def params_of(obj: Any) -> dict[str, Any]:
 
 
 class Defense(abc.ABC):
-    """Base class: a dataclass whose fields are the hyper-parameters (DESIGN.md s.4).
+    """Base class: a dataclass whose fields are the hyper-parameters (docs/design.md s.4).
 
     ``setting`` is "federated" (global/client views) or "central" (one trainer releasing a model).
     ``grid`` lists the configurations `--defense NAME` expands to; ``{}`` means the defaults.
@@ -181,6 +204,18 @@ class Defense(abc.ABC):
     def setup(self, model: nn.Module, task: TaskAPI) -> nn.Module:
         """Prepare the global model before round 0 (e.g. add private modules). Default: unchanged."""
         return model
+
+    def dp_delta(self) -> float | None:
+        """The DP delta this configuration fixes; None: the scenario's (``bench.run_state.resolve_delta``)."""
+        return None
+
+    def start_run(self, run: DefenseRun) -> None:
+        """Put this training run's mutable objects (e.g. a server optimiser) in ``run.state``. Default: none."""
+        return None
+
+    def sensitivity_note(self) -> str:
+        """The neighbouring relation and L2 sensitivity behind the epsilon (recorded as privacy.sensitivity)."""
+        return ""
 
     @abc.abstractmethod
     def client_step(self, state: ClientState, ctx: RoundCtx) -> Message:
@@ -216,6 +251,7 @@ class Attack(abc.ABC):
     kind: ClassVar[str] = "membership"
     grid: ClassVar[tuple[Mapping[str, Any], ...]] = ({},)
     paper: ClassVar[str] = ""
+    uses_aux: ClassVar[bool] = False  # trains on the attacker's aux members / non-members (obs.public)
 
     def applies(self, task: TaskAPI) -> str | None:
         return None

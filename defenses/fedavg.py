@@ -18,7 +18,7 @@ from bench.types import ClientState, Defense, Message, RoundCtx
 @register_defense
 @dataclass
 class FedAvg(Defense):
-    paper = "McMahan et al. 2017 (FedAvg); papers/000 FedIT baseline"
+    paper = "McMahan et al. 2017 (FedAvg); [FedRand] FedIT baseline"
 
     def client_step(self, state: ClientState, ctx: RoundCtx) -> Message:
         return standard_message(state, ctx)

@@ -1,14 +1,14 @@
-"""FedPara in a LoRA setting (papers/000 s.4.1 and App. A.3; pFedPara of Hyeon-Woo et al. 2022, s.3.3).
+"""FedPara in a LoRA setting ([FedRand] s.4.1 and App. A.3; pFedPara of Hyeon-Woo et al. 2022, s.3.3).
 
 Every LoRA-adapted linear layer gets a second, private LoRA pair (B_p, A_p) that never leaves the client
 and is combined element-wise (Hadamard) with the global pair:
     W = W0 + G (.) (B_p A_p + 1),   G = scaling * B_g A_g   (peft's global LoRA),
 which is pFedPara's W = W1 (.) (W2 + 1) (global W1, personal W2) with the global factor being LoRA's
 update. The "+1" makes a client whose private pair is zero behave exactly as the server model W0 + G, so
-the server model is the global LoRA alone, as papers/000 evaluates it; the literal G (.) (B_p A_p) would
+the server model is the global LoRA alone, as [FedRand] evaluates it; the literal G (.) (B_p A_p) would
 start at a dead point (G = 0 and B_p A_p = 0 give zero gradients to both). B_p starts at zero and A_p
 like peft's A (Kaiming-uniform), per client, at its first participation. Only the global pair is sent;
-the server averages it (FedAvg, papers/000 s.4.1).
+the server averages it (FedAvg, [FedRand] s.4.1).
 
 The private pair is added by :meth:`FedPara.setup` as a ``fedpara_private`` sub-module of each peft LoRA
 layer (parameters ``...q_proj.fedpara_private.A`` / ``.B``, ``requires_grad=False`` so they are not among
@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from bench.fl import current, fedavg_aggregate, load_state, local_train
 from bench.lora import lora_pairs, requires_lora
+from bench.params import param
 from bench.registry import register_defense
 from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx
 
@@ -66,10 +67,10 @@ def _hadamard_hook(module: nn.Module, args, kwargs, output):
 @register_defense
 @dataclass
 class FedPara(Defense):
-    private_rank: int = 0  # rank of the private pair; 0 = the global LoRA rank ("an additional pair", App. A.3)
+    private_rank: int = param(0, ge=0, le=4096)  # rank of the private pair; 0 = the global LoRA rank ("an additional pair", App. A.3)
 
     grid = ({},)
-    paper = "papers/000 FedRand (Park et al. 2025), s.4.1 baselines and App. A.3; Hyeon-Woo et al. 2022 (pFedPara)"
+    paper = "[FedRand] (Park et al. 2025), s.4.1 baselines and App. A.3; Hyeon-Woo et al. 2022 (pFedPara)"
 
     def applies(self, task) -> str | None:
         return requires_lora(task)

@@ -1,9 +1,9 @@
-"""FedPer in a LoRA setting (papers/000 s.4.1 and App. A.3; Arivazhagan et al. 2019).
+"""FedPer in a LoRA setting ([FedRand] s.4.1 and App. A.3; Arivazhagan et al. 2019).
 
-As papers/000 adapts it: the LoRA A and B of the top ``shared_layers`` transformer layers (the last ones,
+As [FedRand] adapts it: the LoRA A and B of the top ``shared_layers`` transformer layers (the last ones,
 nearest the output) are shared with the server and FedAvg-averaged; the LoRA of all other layers is
-client-specific and never shared. (The original FedPer keeps the *top* layers personal; papers/000
-inverts this for LoRA, and we follow papers/000.) "The LoRA A and B matrices of these non-shared layers
+client-specific and never shared. (The original FedPer keeps the *top* layers personal; [FedRand]
+inverts this for LoRA, and we follow [FedRand].) "The LoRA A and B matrices of these non-shared layers
 were initialized using the aggregation results from the first round": with ``warmup_round`` (default)
 round 0 is a full-LoRA FedAvg round, and a client's private layers start from that round-0 aggregate
 (which the server keeps unchanged afterwards) until it has trained its own. Trainable parameters that are
@@ -18,6 +18,7 @@ from torch import Tensor
 
 from bench.fl import current, fedavg_aggregate, load_state, local_train
 from bench.lora import is_lora, layer_index, num_layers, requires_lora
+from bench.params import param
 from bench.registry import register_defense
 from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx
 
@@ -25,11 +26,11 @@ from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx
 @register_defense
 @dataclass
 class FedPer(Defense):
-    shared_layers: int = 2  # papers/000 reports 2 and 4
+    shared_layers: int = param(2, ge=1, le=1000)  # [FedRand] reports 2 and 4
     warmup_round: bool = True  # round 0 shares all LoRA; private layers start from its aggregate (App. A.3)
 
     grid = ({"shared_layers": 2}, {"shared_layers": 4})
-    paper = "papers/000 FedRand (Park et al. 2025), s.4.1 baselines and App. A.3; Arivazhagan et al. 2019"
+    paper = "[FedRand] (Park et al. 2025), s.4.1 baselines and App. A.3; Arivazhagan et al. 2019"
 
     def __post_init__(self) -> None:
         if self.shared_layers < 1:

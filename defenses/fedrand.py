@@ -1,4 +1,4 @@
-"""FedRand (papers/000, Park et al. 2025, Alg. 1-2, Eq. 5-10): each client sends only LoRA A or only B.
+"""FedRand ([FedRand], Park et al. 2025, Alg. 1-2, Eq. 5-10): each client sends only LoRA A or only B.
 
 Client k draws u ~ U(0,1), a_k = 1{u < rho} (Eq. 5, one draw per client and round, for all layers). It
 starts from the server's A and its own B of its previous round if a_k = 1, else from its own previous A
@@ -10,7 +10,7 @@ Where the paper is silent: a client that has no cache yet (first participation, 
 uses the server's initial A and zero B) starts from the server's A and B. Trainable parameters that are not
 LoRA (none in the paper's setting) are always sent and sample-weighted averaged.
 
-Ablations (papers/000 Table 3): ``rho`` 0.3 / 0.7; ``normalize=False`` drops alpha / beta from Eq. 9-10
+Ablations ([FedRand] Table 3): ``rho`` 0.3 / 0.7; ``normalize=False`` drops alpha / beta from Eq. 9-10
 (coefficients n_k / m_r, summing to alpha < 1); ``past_params=False`` starts every client from the
 server's full LoRA and still sends only A or B ("w/o past parameters").
 """
@@ -24,6 +24,7 @@ from torch import Tensor
 
 from bench.fl import current, load_state, local_train
 from bench.lora import requires_lora, split_names
+from bench.params import param
 from bench.registry import register_defense
 from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx
 
@@ -31,12 +32,12 @@ from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx
 @register_defense
 @dataclass
 class FedRand(Defense):
-    rho: float = 0.5  # probability of choosing (and sending) A; papers/000 s.4.1
+    rho: float = param(0.5, ge=0.0, le=1.0)  # probability of choosing (and sending) A; [FedRand] s.4.1
     normalize: bool = True  # alpha / beta normalisation of Eq. 9-10
     past_params: bool = True  # private half initialised from the client's previous round (Eq. 6-7)
 
     grid = ({}, {"rho": 0.3}, {"rho": 0.7}, {"normalize": False}, {"past_params": False})
-    paper = "papers/000 FedRand (Park et al. 2025), Alg. 1-2, Eq. 5-10"
+    paper = "[FedRand] (Park et al. 2025), Alg. 1-2, Eq. 5-10"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.rho <= 1.0:

@@ -1,4 +1,4 @@
-"""FedSGD: the undefended baseline of papers/003 (one gradient per client per round, averaged)."""
+"""FedSGD: the undefended baseline of [FLRSP] (one gradient per client per round, averaged)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,7 +10,7 @@ from defenses.fedavg import FedAvg
 @register_defense
 @dataclass
 class FedSGD(FedAvg):
-    paper = "McMahan et al. 2017 (FedSGD); papers/003 s.2.1"
+    paper = "McMahan et al. 2017 (FedSGD); [FLRSP] s.2.1"
 
     def fl_mode(self) -> str | None:
         return "fedsgd"

@@ -1,4 +1,4 @@
-"""Fixed-position defense for ViTs (Lu et al. 2022, APRIL paper; papers/003 s.2.3).
+"""Fixed-position defense for ViTs (Lu et al. 2022, APRIL paper; [FLRSP] s.2.3).
 
 The positional-embedding update is never sent (nor trained locally): the server's positional
 embedding stays fixed, which breaks APRIL's closed form. Everything else is FedAvg / FedSGD.
@@ -16,7 +16,7 @@ from defenses.fedavg import FedAvg
 @register_defense
 @dataclass
 class FixedPosition(FedAvg):
-    paper = "Lu et al. 2022 (APRIL) defense; papers/003 s.2.3"
+    paper = "Lu et al. 2022 (APRIL) defense; [FLRSP] s.2.3"
 
     def applies(self, task: TaskAPI) -> str | None:
         if not task.info.get("pos_embed_param"):

@@ -1,4 +1,4 @@
-"""FLRSP: federated learning with randomly selected model parameters (papers/003, Sawada et al.).
+"""FLRSP: federated learning with randomly selected model parameters ([FLRSP], Sawada et al.).
 
 Each client zeroes every element of what it sends with probability ``R`` (a fresh binary sequence per
 client and round, Eq. 7 / 9); the server averages each element over the clients that sent it non-zero
@@ -13,12 +13,13 @@ import torch
 from torch import Tensor
 
 from bench.fl import standard_message
+from bench.params import param
 from bench.registry import register_defense
 from bench.types import ClientState, Defense, Message, RoundCtx
 
 
 def random_select(tensors: dict[str, Tensor], *, R: float, generator: torch.Generator) -> dict[str, Tensor]:
-    """Zero each element independently with probability R (papers/003 Eq. 7 and 9)."""
+    """Zero each element independently with probability R ([FLRSP] Eq. 7 and 9)."""
     return {n: t * (torch.rand(t.shape, generator=generator) >= R).to(t.dtype) for n, t in tensors.items()}
 
 
@@ -33,10 +34,10 @@ def nonzero_mean(values: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
 @register_defense
 @dataclass
 class FLRSP(Defense):
-    R: float = 0.5
+    R: float = param(0.5, ge=0.0, lt=1.0)  # fraction of each update's entries not sent (Eq. 7)
     form: Literal["fedavg", "fedsgd"] = "fedavg"
     grid = tuple({"R": r, "form": f} for f in ("fedavg", "fedsgd") for r in (0.2, 0.5, 0.8))
-    paper = "papers/003 (Sawada, Imaizumi, Kiya), Eq. 7-10"
+    paper = "[FLRSP] (Sawada, Imaizumi, Kiya), Eq. 7-10"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.R < 1.0:

@@ -1,10 +1,10 @@
 """LoRA: plain low-rank adaptation of a latent diffusion model on the private set, released as is
-(papers/004 s.2 Eq. 2-3, the undefended baseline of Table 1; Hu et al. 2022).
+([SMP-LoRA] s.2 Eq. 2-3, the undefended baseline of Table 1; Hu et al. 2022).
 
 A central defense: the harness runs one trainer on ``task.central_data`` (D_tr) for ``central_epochs``
 epochs; AdamW at the scenario's lr and batch size minimises the adaptation loss (Eq. 3, fresh timestep
 and noise per sample and step). The released model is the base + the trained LoRA. Per step it logs the
-adaptation loss and the LoRA gradient norm sqrt(||dL/dB||^2 + ||dL/dA||^2) (papers/004 App. C).
+adaptation loss and the LoRA gradient norm sqrt(||dL/dB||^2 + ||dL/dA||^2) ([SMP-LoRA] App. C).
 
 :func:`lora_loop` is the training loop MP-LoRA and SMP-LoRA share (their objectives plug into it).
 """
@@ -33,7 +33,7 @@ def requires_ldm(api: TaskAPI) -> str | None:
 
 
 def grad_norm(params: Sequence[nn.Parameter]) -> float:
-    """sqrt(sum of squared gradient entries) over the trainable (LoRA) parameters (papers/004 App. C)."""
+    """sqrt(sum of squared gradient entries) over the trainable (LoRA) parameters ([SMP-LoRA] App. C)."""
     sq = sum(float(p.grad.detach().pow(2).sum()) for p in params if p.grad is not None)
     return sq ** 0.5
 
@@ -83,7 +83,7 @@ def take_single(global_state: dict[str, Tensor], msgs: Sequence[Message]) -> dic
 @dataclass
 class LoRA(Defense):
     setting = "central"
-    paper = "papers/004 s.2 (Eq. 2-3): LoRA-adapted LDM, no defense"
+    paper = "[SMP-LoRA] s.2 (Eq. 2-3): LoRA-adapted LDM, no defense"
 
     def applies(self, task: TaskAPI) -> str | None:
         return requires_ldm(task)

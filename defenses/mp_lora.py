@@ -1,4 +1,4 @@
-"""MP-LoRA: membership-privacy-preserving LoRA as a min-max game with a proxy attack model (papers/004
+"""MP-LoRA: membership-privacy-preserving LoRA as a min-max game with a proxy attack model ([SMP-LoRA]
 s.3, Eq. 4-6, Algorithm 2; after Nasr et al. 2018's adversarial regularisation).
 
 Each training step (Alg. 2):
@@ -16,7 +16,7 @@ as in the paper's released code). Its input ``l(x)`` is the per-sample loss sign
 timestep and noise, which is also what the adaptation loss averages (one UNet pass serves both);
 ``signal="loss"`` the scalar per-sample loss (Eq. 5 read literally).
 
-Logged per step (papers/004 Fig. 1b, Table 3): ``mi_gain`` (the proxy's G* on the aux batch, before its
+Logged per step ([SMP-LoRA] Fig. 1b, Table 3): ``mi_gain`` (the proxy's G* on the aux batch, before its
 update), ``mi_gain_train`` (G on the training batch), ``loss_ada``, ``objective``, ``grad_norm``.
 
 Proxy learning rate: the paper's eta_1 = 1e-5 (Table 5) is for ~160k steps (400 epochs x 400 images, batch
@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bench.params import param
 from bench.registry import register_defense
 from bench.types import ClientState, Defense, Message, RoundCtx, TaskAPI
 from defenses.lora import NEEDS_LDM, lora_loop, requires_ldm, take_single
@@ -96,11 +97,11 @@ def signal_of(err: Tensor, kind: str) -> Tensor:
 class ProxyMinMax(Defense):
     """Alg. 1 / Alg. 2 with the outer objective left to subclasses (:meth:`objective`). Not registered."""
 
-    lam: float = 0.05
-    proxy_lr: float = 1e-3
-    proxy_weight_decay: float = 1e-4  # the released code's Adam weight decay
-    proxy_dropout: float = 0.5
-    proxy_steps: int = 1  # inner-maximisation steps per LoRA step (the released code's k_steps)
+    lam: float = param(0.05, ge=0.0, le=100.0)  # weight of the membership gain (Eq. 4-6)
+    proxy_lr: float = param(1e-3, gt=0.0, le=10.0)
+    proxy_weight_decay: float = param(1e-4, ge=0.0, le=10.0)  # the released code's Adam weight decay
+    proxy_dropout: float = param(0.5, ge=0.0, lt=1.0)  # a dropout probability
+    proxy_steps: int = param(1, ge=0, le=1000)  # inner-maximisation steps per LoRA step (the released code's k_steps)
     signal: Literal["map", "loss"] = "map"
     setting = "central"
 
@@ -189,7 +190,7 @@ class ProxyMinMax(Defense):
 @register_defense
 @dataclass
 class MPLoRA(ProxyMinMax):
-    paper = "papers/004 s.3 Eq. 4-6, Algorithm 2 (MP-LoRA)"
+    paper = "[SMP-LoRA] s.3 Eq. 4-6, Algorithm 2 (MP-LoRA)"
 
     def objective(self, loss_ada: Tensor, gain: Tensor) -> tuple[Tensor, dict[str, float]]:
         return mp_objective(loss_ada, gain, lam=self.lam), {}

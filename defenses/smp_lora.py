@@ -1,4 +1,4 @@
-"""SMP-LoRA: stable membership-privacy-preserving LoRA (papers/004 s.3 "Stabilizing MP-LoRA", Eq. 9-10,
+"""SMP-LoRA: stable membership-privacy-preserving LoRA ([SMP-LoRA] s.3 "Stabilizing MP-LoRA", Eq. 9-10,
 Algorithm 1).
 
 The same min-max game as MP-LoRA (:class:`defenses.mp_lora.ProxyMinMax`: the proxy h is first updated on
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from bench.params import param
 from bench.registry import register_defense
 from defenses.mp_lora import ProxyMinMax, smp_objective
 
@@ -24,8 +25,8 @@ from defenses.mp_lora import ProxyMinMax, smp_objective
 @register_defense
 @dataclass
 class SMPLoRA(ProxyMinMax):
-    delta: float = 1e-5
-    paper = "papers/004 s.3 Eq. 9-10, Algorithm 1 (SMP-LoRA)"
+    delta: float = param(1e-5, gt=0.0, le=1.0)  # keeps Eq. 10's denominator away from 0 (not a DP delta)
+    paper = "[SMP-LoRA] s.3 Eq. 9-10, Algorithm 1 (SMP-LoRA)"
 
     def __post_init__(self) -> None:
         super().__post_init__()

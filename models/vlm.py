@@ -1,8 +1,8 @@
 """Small vision-language models for the ``vlm-caption`` scenario: a frozen image encoder, a projector to a
 few visual tokens spliced into the language model's input embeddings, and the LM with LoRA (peft).
 
-The layout is LLaVA's (Liu et al. 2023) as TinyLLaVA builds it (Zhou et al. 2024), the model of papers/000
-s.4.1: ``[bos] prompt-prefix [visual tokens] prompt-suffix caption [eos]`` with the papers/000 App. A.2
+The layout is LLaVA's (Liu et al. 2023) as TinyLLaVA builds it (Zhou et al. 2024), the model of [FedRand]
+s.4.1: ``[bos] prompt-prefix [visual tokens] prompt-suffix caption [eos]`` with the [FedRand] App. A.2
 MSCOCO prompt. Per preset:
 
 - ``smoke``: a tiny random frozen CNN (:class:`TinyCNN`) + a tiny random Llama (``models.llm.tiny_llama``) over
@@ -13,7 +13,7 @@ MSCOCO prompt. Per preset:
   pinned by hub id and revision, local cache only (:func:`tinyllava`).
 
 The projector is LLaVA-1.5's two-layer MLP (``mlp2x_gelu``) on an ``side x side`` average-pooled grid of the
-encoder's feature map (so the visual tokens keep coarse position). As in papers/000 ("we fine-tune only
+encoder's feature map (so the visual tokens keep coarse position). As in [FedRand] ("we fine-tune only
 the language model using LoRA ... keeping the rest of the model frozen") the projector is pre-trained once
 with the LM frozen - LLaVA's stage-1 feature alignment - on public captioned images
 (:func:`load_or_pretrain_projector`) and then frozen; the federated stage trains the LoRA only.
@@ -21,7 +21,6 @@ with the LM frozen - LLaVA's stage-1 feature alignment - on public captioned ima
 from __future__ import annotations
 
 import inspect
-import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from torch import Tensor, nn
 from bench.assets import AssetMissing, cache_dir, hub_missing
 from bench.progress import progress
 
-# papers/000 App. A.2, "MSCOCO & NoCaps": the image sits between "USER:" and the description request.
+# [FedRand] App. A.2, "MSCOCO & NoCaps": the image sits between "USER:" and the description request.
 PROMPT_PRE = "Briefly describe given image.\nUSER:"
 PROMPT_POST = "\n A short image description:\nASSISTANT:"
 
@@ -161,7 +160,7 @@ class PromptLayout:
 
 
 def make_layout(tokenizer, num_image_tokens: int, pad_id: int) -> PromptLayout:
-    """The papers/000 App. A.2 prompt under ``tokenizer`` (bos first when the tokenizer has one)."""
+    """The [FedRand] App. A.2 prompt under ``tokenizer`` (bos first when the tokenizer has one)."""
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     pre = bos + tokenizer(PROMPT_PRE, add_special_tokens=False).input_ids
     post = tokenizer(PROMPT_POST, add_special_tokens=False).input_ids
@@ -323,7 +322,7 @@ def caption_nll(model: SmallVLM, batch: dict[str, Tensor]) -> tuple[Tensor, Tens
 
 
 def caption_loss(model: SmallVLM, batch: dict[str, Tensor]) -> Tensor:
-    """Mean caption-token NLL of the batch: -log p(y | x, z) of papers/000 Eq. 1, per token."""
+    """Mean caption-token NLL of the batch: -log p(y | x, z) of [FedRand] Eq. 1, per token."""
     nll, mask = caption_nll(model, batch)
     return nll.sum() / mask.sum().clamp(min=1)
 
@@ -374,25 +373,33 @@ def load_or_pretrain_projector(spec: dict[str, Any], make_model: Callable[[], Sm
     makes concurrent runs pre-train once, the file is written atomically. Returns (state, log, path)."""
     import transformers
 
-    from bench.store import atomic_write_bytes, stable_hash
+    from bench import cachefile
+    from bench.store import stable_hash
     from models.ldm import file_lock
 
     key = stable_hash({**spec, "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
                        "torch": torch.__version__.split("+")[0], "transformers": transformers.__version__})
     d = cache_dir("vlm", key)
-    path = d / "projector.pt"
+    stem = d / "projector"  # projector.json + projector-<sha12>.safetensors (bench/cachefile.py: no pickle)
+
+    def decode(tensors: dict[str, Tensor], meta: dict[str, Any]) -> tuple[dict[str, Tensor], dict]:
+        return cachefile.unflatten(tensors, meta["order"])["state"], meta["log"]
+
+    def legacy(blob: Any) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        tensors, order = cachefile.flatten({"state": blob["state"]})
+        return tensors, {"log": blob["log"], "order": order}
+
     with file_lock(d / "lock"):
-        if path.exists():
-            blob = torch.load(path, map_location="cpu", weights_only=False)
-            return blob["state"], blob["log"], path
+        cached = cachefile.load(stem, decode, quarantine_dir=d / "quarantine", legacy=(d / "projector.pt", legacy))
+        if cached is not None:
+            return cached[0], cached[1], d / "projector.json"
         model = make_model()
         state, log = pretrain_projector(model, make_items(), collate, steps=steps, batch_size=batch_size, lr=lr,
                                         seed=seed, desc=f"projector alignment {key[:8]}")
         log["spec"] = spec
-        buf = io.BytesIO()
-        torch.save({"state": state, "log": log}, buf)
-        atomic_write_bytes(path, buf.getvalue())
-    return state, log, path
+        tensors, order = cachefile.flatten({"state": state})
+        cachefile.save(stem, tensors, {"log": log, "order": order})
+    return state, log, d / "projector.json"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,24 +1,31 @@
-"""Benchmark: inverting gradients on N=4 targets in one batched optimisation vs one target at a time.
+"""Benchmark: one inverting-gradients iteration against one forward+backward of the same model.
 
-    python -m pytest tests/bench_inversion.py --benchmark-only -q
+    BENCH_THREADS=1 nice -n 10 python -m pytest tests/bench_inversion.py --benchmark-only -q -s
 
-Same model (a narrow timm BasicBlock ResNet, 32 px, eval-mode BatchNorm), same targets, same number
-of iterations; the second benchmark prints the ratio loop / batched (> 1 means batching pays).
-Not collected by the default suite (the file name does not match ``test_*.py``). Runs with one
-intra-op thread: on a shared 2-core machine, oversubscribed OpenMP threads made both variants an
-order of magnitude slower and the ratio noise.
+For the default preset's ResNet34 and ViT (32 px, batch-1 client update, train mode as the client
+computes it) each round times, back to back, one forward+backward of the attacker's copy of the model
+(the reference: cross-entropy ``backward`` to every parameter) and one iteration of the attack
+(``_Run.step``: the client's gradient with ``create_graph``, the cosine, the backward to the dummy, the
+signed Adam step, the box); the printed ratio is median(iteration) / median(reference) over the rounds
+(issue 12: at most 3.5x; breaching's ``invertinggradients`` costs 3.5-3.7x on this machine). Interleaving
+keeps the ratio honest on a loaded machine. Not collected by the default suite (the file name does not
+match ``test_*.py``). One intra-op thread.
 """
 from __future__ import annotations
 
+import statistics
+import time
+
 import pytest
 import torch
+from torch.nn import functional as F
 
-from attacks.inverting_gradients import InvertingGradients
-from tests.test_reconstruction_attacks import client_gradient, observe, photo, task_api, tiny_resnet
+from attacks.inverting_gradients import InvertingGradients, attacker_copy
+from models.image import resnet34, vit
+from tests.test_reconstruction_attacks import client_gradient, observe, photo, task_api
 
-N_TARGETS = 4
-ITERATIONS = 10
-_MEANS: dict[str, float] = {}
+ROUNDS = 6
+ARCHS = {"resnet34": resnet34, "vit": vit}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -29,37 +36,39 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="module")
-def observations(one_thread):
-    model = tiny_resnet()
-    api = task_api("resnet34", tiny_resnet)
-    obs = []
-    for i, name in enumerate(("chelsea", "astronaut", "coffee", "rocket")[:N_TARGETS]):
-        grads = client_gradient(model, photo(name), i, train=False)
-        obs.append(observe(model, grads, api, model_mode="eval"))
-    return obs
+def build(arch: str):
+    return lambda: ARCHS[arch]("default", num_classes=10, img_size=32, seed=0)
 
 
-def _run(benchmark, fn, key: str) -> None:
-    out = benchmark.pedantic(fn, rounds=1, iterations=1, warmup_rounds=0)
-    assert len(out) == N_TARGETS and all(r.images.shape[0] == 1 for r in out)
-    _MEANS[key] = benchmark.stats.stats.mean
-
-
+@pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.benchmark(group="inverting_gradients")
-def test_bench_batched_targets(benchmark, observations):
-    attack = InvertingGradients(iterations=ITERATIONS)
-    _run(benchmark, lambda: attack.run_batch(observations), "batched")
+def test_bench_iteration_over_forward_backward(benchmark, arch):
+    model = build(arch)()
+    obs = observe(model, client_gradient(model, photo("chelsea"), 3, train=True), task_api(arch, build(arch)),
+                  model_mode="train")
+    attack = InvertingGradients(iterations=300)
+    run = attack.start(attack._prepare(obs), restart=0, iterations=300)
+    assert run.mode_note == "train"
+    ref, _ = attacker_copy(model, "train")
+    for p in ref.parameters():
+        p.requires_grad_(True)
+    x, y = photo("chelsea")[None], torch.tensor([3])
+    times: dict[str, list[float]] = {"fb": [], "it": []}
 
+    def forward_backward():
+        ref.zero_grad(set_to_none=True)
+        F.cross_entropy(ref(x), y).backward()
 
-@pytest.mark.benchmark(group="inverting_gradients")
-def test_bench_one_target_at_a_time(benchmark, observations, capsys):
-    attack = InvertingGradients(iterations=ITERATIONS)
-    _run(benchmark, lambda: [attack.run(o) for o in observations], "loop")
-    if "batched" in _MEANS:
-        ratio = _MEANS["loop"] / _MEANS["batched"]
-        benchmark.extra_info["loop_over_batched"] = ratio
-        with capsys.disabled():
-            print(f"\ninverting gradients, {N_TARGETS} targets x {ITERATIONS} iterations: "
-                  f"batched {_MEANS['batched']:.2f} s, one at a time {_MEANS['loop']:.2f} s, "
-                  f"ratio loop/batched = {ratio:.2f}x")
+    def pair():
+        for key, fn in (("fb", forward_backward), ("it", run.step)):
+            t = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t)
+
+    benchmark.pedantic(pair, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    fb, it = statistics.median(times["fb"][1:]), statistics.median(times["it"][1:])
+    ratio = it / fb
+    benchmark.extra_info.update(forward_backward_s=fb, iteration_s=it, ratio=ratio)
+    print(f"\n{arch}: one forward+backward {fb * 1e3:.0f} ms, one inversion iteration {it * 1e3:.0f} ms: "
+          f"ratio {ratio:.2f}x (target <= 3.5x; breaching 3.5-3.7x)")
+    assert torch.isfinite(run.X).all()

@@ -26,6 +26,9 @@ def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     (["--defense", "flrsp:R=abc"], "not a valid float"),
     (["--defense", "flrsp:Q=1"], "Valid parameters: R, form"),
     (["--seeds", "0"], "--seeds must be a positive integer"),
+    (["--seeds", "100000000000000"], "at most 1000"),
+    (["--defense", "dp_gaussian:eps=nan"], "eps=nan is not a number"),
+    (["--defense", "/etc/passwd"], "is neither a registered name nor a Python file"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, needle):
     out = tmp_path / "out"

@@ -116,6 +116,10 @@ def test_command_line_hyper_parameters_are_type_checked(restore_registry):
         build(cls, {"k": "0.1"}, "defense")
     with pytest.raises(UsageError, match="keep must be in"):
         build(cls, {"keep": "2"}, "defense")
+    with pytest.raises(UsageError, match=r"keep=nan is not a number \(NaN\); keep must be a finite number"):
+        build(cls, {"keep": "nan"}, "defense")  # the generic rule: no declaration needed
+    with pytest.raises(UsageError, match=r"keep=1e999 \(read as inf\) is not finite"):
+        build(cls, {"keep": "1e999"}, "defense")
     with pytest.raises(UsageError, match="is not one of fedavg, fedsgd"):
         expand(DEFENSES, "flrsp:form=fedprox")
     with pytest.raises(UsageError, match="is not a boolean"):

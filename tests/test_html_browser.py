@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.leaderboard import write_leaderboards
+from bench.report.leaderboards import write_leaderboards
 from tests.assets import need
 from tests.test_leaderboard import rec, write
 

@@ -14,6 +14,7 @@ from bench.assets import AssetMissing
 from bench.registry import SCENARIOS
 from bench.scenarios import image_cls
 from models import image as M
+from tests.assets import need
 
 
 @pytest.fixture(scope="module")
@@ -223,3 +224,101 @@ def test_paper_resnet34_loads_pinned_weights_from_the_local_cache(tmp_path, monk
     assert torch.equal(a.conv1.weight, ref.conv1.weight) and torch.equal(a.layer4[2].bn2.running_var, ref.layer4[2].bn2.running_var)
     assert a.fc.out_features == 10 and torch.equal(a.fc.weight, b.fc.weight)  # seeded new head
     assert isinstance(a.maxpool, torch.nn.MaxPool2d)  # the stock 224 px stem
+
+
+# ----------------------------------------------------------------------------------------------
+# the default preset's pre-trained base
+
+
+def _fake_source(n_train: int, n_test: int | None) -> D.ImageSource:
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8)
+    y = rng.integers(0, 10, n_train).astype(np.int64)
+    tx = None if n_test is None else rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8)
+    ty = None if n_test is None else rng.integers(0, 10, n_test).astype(np.int64)
+    return D.ImageSource("fake", "test", tuple(map(str, range(10))), x, y, tx, ty)
+
+
+@pytest.mark.parametrize("n_test", [2000, None])
+def test_pretraining_indices_are_disjoint_from_members_nonmembers_and_test(n_test):
+    spec = image_cls.SPECS["default"]
+    src = _fake_source(spec.n_train + spec.n_nonmembers + spec.n_pretrain + (0 if n_test else spec.n_test) + 7, n_test)
+    idx = image_cls._indices(src, spec)
+    pre, mem, non = (set(idx[k].tolist()) for k in ("pretrain", "train", "nonmembers"))
+    assert len(pre) == spec.n_pretrain and len(mem) == spec.n_train and len(non) == spec.n_nonmembers
+    assert not pre & mem and not pre & non
+    if n_test is None:  # one pool: the test images are training-pool indices too
+        assert not pre & set(idx["test"].tolist())
+    else:  # test images come from the other split (the pre-training images never do)
+        assert idx["nonmembers_from"] == "train" and len(idx["test"]) == spec.n_test
+    with pytest.raises(ValueError, match="the preset needs"):
+        image_cls._indices(_fake_source(spec.n_train + spec.n_nonmembers + spec.n_pretrain - 1, 2000), spec)
+
+
+def test_default_tasks_pretrain_on_the_disjoint_tail():
+    need(D.FASHION_MNIST_DIR.is_dir(), "apt-get install dataset-fashion-mnist")
+    src = D.load_grayscale_source()
+    spec = image_cls.SPECS["default"]
+    idx = image_cls._indices(src, spec)
+    for t in image_cls.build("default"):
+        base = t.api.build_model.args[-1]
+        assert isinstance(base, image_cls.BaseSpec) and base.indices == tuple(idx["pretrain"].tolist())
+        assert t.config["model"]["pretrained"] is True and t.config["data"]["n_pretrain"] == spec.n_pretrain
+        assert len(t.nonmembers) >= 2 * 250 and sum(len(c) for c in t.client_data) >= 2 * 250
+    # the pre-training images are none of the members', non-members' or test images (compared as pixels)
+    pre = {src.train_x[i].tobytes() for i in idx["pretrain"]}
+    others = [src.train_x[i].tobytes() for k in ("train", "nonmembers") for i in idx[k]]
+    others += [src.test_x[i].tobytes() for i in idx["test"]]
+    assert len(pre) > 0.99 * spec.n_pretrain and not pre & set(others)
+
+
+def test_base_cache_round_trips_through_safetensors(tmp_path, monkeypatch):
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(M, "_BASES", {})
+    make = lambda: M.resnet34("smoke", num_classes=10, img_size=32, seed=0)  # noqa: E731
+    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    cfg = M.PretrainConfig(steps=3, batch_size=4, lr=1e-2)
+    calls = []
+
+    def data():
+        calls.append(1)
+        return x, y
+
+    state, key = M.load_or_pretrain(make, cfg, {"what": "test"}, data)
+    d = tmp_path / "image" / key
+    files = list(d.glob("base-*.safetensors"))
+    assert calls == [1] and (d / "base.json").is_file() and len(files) == 1
+    assert not list(d.glob("*.pt")) and not list(d.glob("*.pkl"))  # never pickle
+    assert not torch.equal(state["conv1.weight"], make().state_dict()["conv1.weight"])  # it trained
+    from safetensors.torch import load_file
+
+    on_disk = load_file(str(files[0]))  # a plain safetensors file holding the whole state
+    assert set(on_disk) == set(state) and torch.equal(on_disk["fc.weight"], state["fc.weight"])
+    import json
+
+    meta = json.loads((d / "base.json").read_text())["meta"]
+    assert meta["key"] == key and meta["pretrain"]["steps"] == 3 and meta["spec"] == {"what": "test"}
+    monkeypatch.setattr(M, "_BASES", {})  # a new process: read from disk, never re-train
+    again, key2 = M.load_or_pretrain(make, cfg, {"what": "test"}, data)
+    assert key2 == key and calls == [1]
+    assert set(again) == set(state) and all(torch.equal(again[k], state[k]) for k in state)
+    _, key3 = M.load_or_pretrain(make, M.PretrainConfig(steps=4, batch_size=4, lr=1e-2), {"what": "test"}, data)
+    assert key3 != key and calls == [1, 1]  # keyed by the pre-training config
+
+
+def test_a_task_with_a_pretrained_base_builds_it_once(tmp_path, monkeypatch):
+    """smoke with a seconds-long pre-training: every build_model() returns the same pre-trained weights."""
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(M, "_BASES", {})
+    from dataclasses import replace
+
+    tiny = M.PretrainConfig(steps=2, batch_size=8)
+    spec = replace(image_cls.SPECS["smoke"], n_pretrain=48, pretrain={"vit": tiny, "resnet34": tiny})
+    monkeypatch.setitem(image_cls.SPECS, "smoke", spec)
+    t = image_cls.build("smoke")[1]
+    a, b = t.api.build_model().state_dict(), t.api.build_model().state_dict()
+    rand = M.resnet34("smoke", num_classes=10, img_size=32, seed=0).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["conv1.weight"], rand["conv1.weight"])
+    assert len(list((tmp_path / "image").glob("*/base-*.safetensors"))) == 1
+    assert t.config["model"]["pretrain"]["n_images"] == 48

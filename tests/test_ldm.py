@@ -1,5 +1,5 @@
 """The ldm-t2i scenario: grounded captions, the diffusers LDM and its LoRA, deterministic per-sample
-losses, the papers/004 Table 4 splits, FID / KID, and the membership controls (an over-fitted LoRA is
+losses, the [SMP-LoRA] Table 4 splits, FID / KID, and the membership controls (an over-fitted LoRA is
 detectable by a loss threshold; the un-adapted base model is not)."""
 from __future__ import annotations
 
@@ -174,6 +174,24 @@ def test_smoke_builds_with_table4_splits_disjoint(smoke_task):
     assert t.api.info["num_layers"] == 7
     item = t.central_data[0]
     assert set(item) >= {"image", "text", "caption", "label"} and cap.CLASS_NAMES[item["label"]] in item["caption"]
+
+
+@pytest.mark.parametrize("view", ["released_model", "global_model", "client_model"])
+def test_membership_is_evaluated_on_d_te_only(smoke_task, view):
+    """[SMP-LoRA] Table 4: candidates from D_te^m / D_te^nm; the attacker's aux split is D_aux (what the
+    MP-/SMP-LoRA proxy trained on), never scored."""
+    from bench.cells import member_pool, view_split
+
+    t = smoke_task
+    src = lambda items: {it["source_index"] for it in items}  # noqa: E731
+    pool = member_pool(t, view)
+    for seed in (0, 1):
+        s = view_split(t, view, len(pool), seed)
+        assert src(pool[i] for i in s.members) == src(t.extras["te_members"])
+        assert src(t.nonmembers[i] for i in s.nonmembers) == src(t.extras["te_nonmembers"])
+        assert src(pool[i] for i in s.aux_members) == src(t.extras["aux_members"])
+        assert src(t.nonmembers[i] for i in s.aux_nonmembers) == src(t.extras["aux_nonmembers"])
+    assert view_split(t, view, len(pool), 0) == view_split(t, view, len(pool), 0)
 
 
 @pytest.mark.slow

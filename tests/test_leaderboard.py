@@ -3,17 +3,19 @@ cross-matrix, plots, reported-vs-measured and the claims (synthetic records: no 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score, roc_curve
 
-from bench import claims as C
-from bench import reported as R
-from bench.leaderboard import (Results, auroc_rows, differs, matrix_table, membership_estimate, scenario_table,
-                               tpr_at_fpr_rows, write_leaderboards)
 from bench.metrics import mean_ci, membership_metrics, tpr_at_fpr
-from bench.plots import epsilon_series
+from bench.report import claims, reported
+from bench.report.leaderboards import write_leaderboards
+from bench.report.plots import epsilon_series
+from bench.report.results import Results
+from bench.report.stats import auroc_rows, differs, membership_estimate, tpr_at_fpr_rows
+from bench.report.tables import matrix_table, scenario_table
 from bench.store import Store
 
 
@@ -26,23 +28,27 @@ def member_scores(strength: float, n: int, seed: int) -> tuple[list[float], list
 
 def rec(*, scenario="sc", task="sc/a", preset="smoke", defense="fedavg", params=None, label=None, attack="mia",
         attack_label=None, kind="membership", view="global_model", seed=0, status="ok", reason="",
-        strength=1.0, n=64, per_candidate=True, ssim=None, utility=None, privacy=None, cost=None, variants=None):
-    r = {"cell_id": f"{task}-{label or defense}-{attack_label or attack}-{view}-{seed}".replace("/", "_"),
+        strength=1.0, n=64, per_candidate=True, ssim=None, utility=None, privacy=None, cost=None, variants=None,
+        ids=True, score_seed=None):
+    r = {"cell_id": re.sub(r"[^A-Za-z0-9_.-]", "_", f"{task}-{label or defense}-{attack_label or attack}-{view}-{seed}"),
          "scenario": scenario, "task": task, "preset": preset, "defense": defense, "defense_params": params or {},
          "defense_label": label or defense, "attack": attack, "attack_params": {}, "attack_label": attack_label or attack,
          "attack_kind": kind, "view": view, "seed": seed, "status": status, "reason": reason,
          "utility": utility if utility is not None else ({} if defense == "base" else {"accuracy": 0.8}),
          "privacy": privacy or {"epsilon": None, "epsilon_composed": None, "delta": None, "note": ""},
          "cost": cost or {"bytes_up_per_round": 1000.0, "bytes_down_per_round": 2000.0, "rounds": 2,
-                          "train_wall_s": 1.0, "attack_wall_s": 0.5}}
+                          "train_wall_s": 1.0, "attack_wall_s": 0.5},
+         "provenance": {"code_version": "test", "config_hash": "cfg", "started_at": "2026-01-01T00:00:00Z"}}
     if status != "ok":
         return r
     if kind == "membership":
-        s, y = member_scores(strength, n, seed)
+        s, y = member_scores(strength, n, seed if score_seed is None else score_seed)
         metrics, roc = membership_metrics(s, y, n_boot=50, seed=seed)
         r.update(metrics=metrics, roc=roc, primary="score", variants=variants or {}, n_candidates=len(y))
         if per_candidate:
             r["per_candidate"] = {"score": s, "member": y}
+            if ids:  # the same candidates for every row of a seed: m:<i> / n:<i> into the member / non-member pools
+                r["per_candidate"]["id"] = [f"m:{i}" for i in range(n)] + [f"n:{i}" for i in range(n)]
     else:
         r.update(per_sample={"ssim": list(ssim), "psnr": [10 + 10 * v for v in ssim]},
                  metrics={"ssim": mean_ci(ssim, seed=seed), "psnr": mean_ci([10 + 10 * v for v in ssim], seed=seed)})
@@ -74,9 +80,9 @@ def test_vectorised_auroc_and_tpr_match_sklearn_and_bench_metrics():
 
 
 def test_single_seed_estimate_reproduces_the_record_point_value():
-    r = rec(strength=1.0)
+    r = rec(strength=1.0, n=200)  # 200 non-members: TPR at 5% FPR is reported
 
-    for metric in ("auroc", "tpr@0.01fpr"):
+    for metric in ("auroc", "tpr@0.05fpr"):
         e = membership_estimate([r], metric, key="k")
         assert e.value == pytest.approx(r["metrics"][metric]["value"])
         assert e.lo <= e.value <= e.hi
@@ -127,7 +133,13 @@ def test_table_marks_best_group_and_comparison_with_the_baseline(tmp_path):
     assert math.isnan(t.loc["base", f"{col}.best"])  # the shift check is not ranked
     assert t.loc["flrsp(R=0.8)", f"{col}.vs_baseline"] == "less leakage"
     assert list(table.defense) == ["base", "fedavg", "dp(eps=1)", "flrsp(R=0.8)"]
-    assert {m["column"] for m in meta} == {col, "mia/global_model:tpr@0.01fpr", "mia/global_model:tpr@0.001fpr"}
+    assert {m["column"] for m in meta} == {col, "mia/global_model:tpr@0.05fpr", "mia/global_model:tpr@0.01fpr",
+                                           "mia/global_model:tpr@0.001fpr"}
+    # 64 non-members resolve no TPR at 5% FPR or below: n/a with the reason, no number
+    assert "needs >= 200 non-members" in t.loc["fedavg", "mia/global_model:tpr@0.05fpr.status"]
+    # the headline: the change from the base model on the same candidates (paired: the rows share ids)
+    assert t.loc["fedavg", f"{col}.vs_base"] > 0.3 and t.loc["fedavg", f"{col}.vs_base.ci_low"] > 0.2
+    assert t.loc["fedavg", f"{col}.vs_base.method"].startswith("paired")
 
 
 def test_reconstruction_metrics_pool_images_over_seeds(tmp_path):
@@ -177,7 +189,6 @@ def test_plots_cover_roc_tradeoff_ssim_communication_and_epsilon(tmp_path):
     from defenses.dp_gaussian import DPGaussian
 
     d = DPGaussian(eps=2.0)
-    d._delta = 1e-5
     comp = d.epsilon_composed(delta=1e-5, rounds=6, sample_rate=0.5)
     dp_priv = {"epsilon": 2.0, "epsilon_composed": comp, "delta": 1e-5, "note": "", "sample_rate": 0.5}
     dp_cost = {"bytes_up_per_round": 900.0, "bytes_down_per_round": 2000.0, "rounds": 6}
@@ -205,7 +216,7 @@ def test_plots_cover_roc_tradeoff_ssim_communication_and_epsilon(tmp_path):
 
 
 def test_reported_numbers_are_transcribed_for_every_paper():
-    rep = R.load()
+    rep = reported.load()
 
     assert {"papers/000", "papers/002", "papers/003", "papers/004"} <= set(rep.paper)
     tables = set(zip(rep.paper, rep.table))
@@ -224,7 +235,7 @@ def test_reported_is_shown_beside_the_closest_measurement_never_mixed(tmp_path):
     res = write(tmp_path, [rec(scenario="llm-text", task="llm-text", defense="fedavg", attack="max_renyi",
                                variants=var(0.71), view=v) for v in ("global_model", "client_model")])
 
-    out = R.compare(res)
+    out = reported.compare(res)
 
     row = out[(out.table == "Table 4") & out.setting.str.endswith("FedAvg (server)") &
               (out.metric == "AUROC MaxRenyi-0% (caption)") & (out.scenario == "llm-text")]
@@ -236,60 +247,110 @@ def test_reported_is_shown_beside_the_closest_measurement_never_mixed(tmp_path):
     assert set(image.measured) == {"not measured"}  # a text-only scenario has no image slice
 
 
-def _fedrand_records(fedrand_strength, fedrand_loss):
-    out = []
+def _fedrand_records(fedrand_strength, fedrand_loss, *, base_strength=0.0, fedrand_score_seed=None):
+    out = [rec(scenario="llm-text", task="llm-text", defense="base", attack="max_renyi", strength=base_strength, seed=s)
+           for s in range(2)]
     for d, st, loss in (("fedavg", 2.0, 3.0), ("fedrand", fedrand_strength, fedrand_loss)):
         for s in range(2):
             out.append(rec(scenario="llm-text", task="llm-text", defense=d, attack="max_renyi", view="client_model",
-                           strength=st, seed=s, utility={"test_loss": loss + 0.01 * s, "perplexity": math.exp(loss)}))
+                           strength=st, seed=s, utility={"test_loss": loss + 0.01 * s, "perplexity": math.exp(loss)},
+                           score_seed=None if d == "fedavg" or fedrand_score_seed is None else fedrand_score_seed + s))
     return out
 
 
-@pytest.mark.parametrize("strength, loss, verdict", [(0.0, 3.05, "holds"), (2.0, 3.0, "does not hold"),
-                                                     (0.0, 4.0, "does not hold")])
-def test_fedrand_claim_verdict_follows_the_intervals_and_utility(tmp_path, strength, loss, verdict):
-    res = write(tmp_path, _fedrand_records(strength, loss))
+@pytest.mark.parametrize("kw, verdict", [
+    (dict(fedrand_strength=0.0, fedrand_loss=3.05), "holds"),
+    # the same scores as FedAvg: a powered comparison (MDE 0) that excludes the claimed effect
+    (dict(fedrand_strength=2.0, fedrand_loss=3.0), "contradicted"),
+    (dict(fedrand_strength=0.0, fedrand_loss=4.0), "contradicted"),  # less leakage, but utility 33% worse
+    # other draws of equal leakage on 64+64 candidates: the MDE is far above the claimed 0.02
+    (dict(fedrand_strength=2.0, fedrand_loss=3.0, fedrand_score_seed=100), "inconclusive"),
+    # the base model leaks as much as FedAvg: the positive control fails
+    (dict(fedrand_strength=0.0, fedrand_loss=3.05, base_strength=2.0), "inconclusive"),
+])
+def test_fedrand_claim_verdict_follows_the_intervals_utility_power_and_control(tmp_path, kw, verdict):
+    res = write(tmp_path, _fedrand_records(**kw))
 
-    rows = [c for c in C.evaluate(res) if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text"]
+    rows = [c for c in claims.evaluate(res) if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text"]
 
-    assert [c["verdict"] for c in rows] == [verdict]
-    assert rows[0]["preset"] == "smoke"
-    vlm = [c for c in C.evaluate(res) if c["paper"].startswith("papers/000") and c["scenario"] == "vlm-caption"]
+    assert [c["verdict"] for c in rows] == [verdict], rows[0]["evidence"]
+    assert rows[0]["preset"] == "smoke" and rows[0]["effect"] == f"{claims.FEDRAND_EFFECT:.3g}" and rows[0]["mde"]
+    vlm = [c for c in claims.evaluate(res) if c["paper"].startswith("papers/000") and c["scenario"] == "vlm-caption"]
     assert vlm[0]["verdict"] == "not measured"
 
 
-def test_smp_lora_and_dp_fedlora_and_flrsp_claims(tmp_path):
-    recs = []
+def _claim_records(*, composed=5.0, ref_accuracy=0.6, num_classes=None):
+    recs = [rec(scenario=sc, task=sc, defense="base", attack="loss_mia", strength=0.0, seed=s)
+            for sc in ("ldm-t2i", "llm-text") for s in range(3)]
     for d, st, fid in (("lora", 2.5, 1.0), ("mp_lora", 0.0, 3.0), ("smp_lora", 0.05, 1.2)):
-        for s in range(3):
+        for s in range(3):  # ldm-t2i's utility keys carry the feature extractor's name
             recs.append(rec(scenario="ldm-t2i", task="ldm-t2i", defense=d, attack="loss_mia", view="released_model",
-                            strength=st, seed=s, utility={"fid": fid + 0.01 * s}))
+                            strength=st, seed=s, utility={"fid_effnetlite0": fid + 0.01 * s, "kid_effnetlite0": 0.1}))
     for d, st, loss in (("fedavg", 2.5, 3.0), ("dp_fedlora", 0.1, 3.3)):
-        priv = {"epsilon": 25.0, "epsilon_composed": 80.0, "delta": 1e-5, "note": ""} if d == "dp_fedlora" else None
+        priv = {"epsilon": 2.0, "epsilon_composed": composed, "delta": 1e-5, "note": ""} if d == "dp_fedlora" else None
         recs.append(rec(scenario="llm-text", task="llm-text", defense=d, attack="loss_mia", strength=st,
                         utility={"test_loss": loss}, privacy=priv))
-    for d, lab, ssim, acc in (("fedsgd", "fedsgd", [0.9, 0.8, 0.85, 0.95], 0.6),
-                              ("flrsp", "flrsp(R=0.8,form=fedsgd)", [0.1, 0.05, 0.12, 0.08], 0.58)):
+    extra = {"num_classes": num_classes} if num_classes else {}
+    for d, lab, ssim, acc in (("fedsgd", "fedsgd", [0.9, 0.8, 0.85, 0.95], ref_accuracy),
+                              ("flrsp", "flrsp(R=0.8,form=fedsgd)", [0.1, 0.05, 0.12, 0.08], ref_accuracy - 0.02)):
         recs.append(rec(scenario="image-cls", task="image-cls/vit", defense=d, label=lab,
                         params={"R": 0.8, "form": "fedsgd"} if d == "flrsp" else {}, attack="ig",
-                        kind="reconstruction", view="client_update", ssim=ssim, utility={"accuracy": acc}))
+                        kind="reconstruction", view="client_update", ssim=ssim, utility={"accuracy": acc, **extra}))
+    return recs
+
+
+def test_smp_lora_and_dp_fedlora_and_flrsp_claims(tmp_path):
+    res = write(tmp_path, _claim_records())
+
+    got = {(c["paper"].split()[0], c["scenario"]): c for c in claims.evaluate(res)}
+
+    for k in (("papers/004", "ldm-t2i"), ("papers/002", "llm-text"), ("papers/003", "image-cls")):
+        assert got[k]["verdict"] == "holds", got[k]["evidence"]
+    # the fid_effnetlite0 key is found (the utility clause is not dropped); the oracle ASR is never used
+    assert "fid_effnetlite0" in got[("papers/004", "ldm-t2i")]["evidence"]
+    assert "asr_aux not measured" in got[("papers/004", "ldm-t2i")]["evidence"]
+
+
+def test_a_dp_claim_with_a_meaningless_epsilon_holds_only_nominally(tmp_path):
+    res = write(tmp_path, _claim_records(composed=5.2e3))
+
+    got = {(c["paper"].split()[0], c["scenario"]): c for c in claims.evaluate(res)}
+
+    assert got[("papers/002", "llm-text")]["verdict"] == "holds only nominally"
+    assert "only nominal" in got[("papers/002", "llm-text")]["evidence"]
+
+
+def test_comparable_accuracy_at_chance_is_inconclusive(tmp_path):
+    # FedSGD and FLRSP at 0.17 / 0.15 on 10 classes: both at chance, "comparable accuracy" means nothing
+    res = write(tmp_path, _claim_records(ref_accuracy=0.12, num_classes=10))
+
+    got = {(c["paper"].split()[0], c["scenario"]): c for c in claims.evaluate(res)}
+
+    assert got[("papers/003", "image-cls")]["verdict"] == "inconclusive"
+    assert "at chance" in got[("papers/003", "image-cls")]["evidence"]
+
+
+def test_a_missing_utility_key_is_reported_not_dropped(tmp_path):
+    recs = [r for r in _claim_records() if r["scenario"] == "ldm-t2i"]
+    for r in recs:
+        r["utility"] = {"n_generated": 4.0}
     res = write(tmp_path, recs)
 
-    got = {(c["paper"].split()[0], c["scenario"]): c for c in C.evaluate(res)}
+    got = {(c["paper"].split()[0], c["scenario"]): c for c in claims.evaluate(res)}
 
-    assert got[("papers/004", "ldm-t2i")]["verdict"] == "holds", got[("papers/004", "ldm-t2i")]["evidence"]
-    assert got[("papers/002", "llm-text")]["verdict"] == "holds", got[("papers/002", "llm-text")]["evidence"]
-    assert got[("papers/003", "image-cls")]["verdict"] == "holds", got[("papers/003", "image-cls")]["evidence"]
-    assert got[("papers/003", "image-cls")]["direction"] == "agrees"
+    assert got[("papers/004", "ldm-t2i")]["verdict"] == "not measured"
+    assert "could not evaluate: KeyError" in got[("papers/004", "ldm-t2i")]["evidence"]
+    with pytest.raises(KeyError, match="no utility"):
+        claims.main_utility(res, res.records)
 
 
 def test_records_of_a_superseded_task_configuration_are_not_pooled_with_the_current_ones(tmp_path):
     # arrange: the same cell under an old configuration (weak leakage) and, started later, a new one (strong)
     old = rec(strength=0.0, seed=0)
     old["cell_id"] += "-old"
-    old["provenance"] = {"config_hash": "aaaa", "started_at": "2026-01-01T00:00:00Z"}
+    old["provenance"] = {"code_version": "test", "config_hash": "aaaa", "started_at": "2026-01-01T00:00:00Z"}
     new = rec(strength=3.0, seed=0)
-    new["provenance"] = {"config_hash": "bbbb", "started_at": "2026-01-02T00:00:00Z"}
+    new["provenance"] = {"code_version": "test", "config_hash": "bbbb", "started_at": "2026-01-02T00:00:00Z"}
     other = rec(task="sc/b", strength=0.0)  # another task keeps its own (only) configuration
     # act
     res = write(tmp_path, [old, new, other])

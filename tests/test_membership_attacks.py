@@ -18,8 +18,15 @@ from torch import nn
 from attacks.gradient_mia import GradientMIA
 from attacks.loss_mia import LossMIA, fit_attack_mlp
 from attacks.max_renyi import MaxRenyi
-from bench.signals import (loss_timesteps, masked_topk_mean, modified_renyi_entropy, per_sample_grad_norms,
-                           renyi_entropy)
+from bench.signals import (
+    _token_rows,
+    loss_timesteps,
+    masked_topk_mean,
+    masked_topk_means,
+    modified_renyi_entropy,
+    per_sample_grad_norms,
+    renyi_entropy,
+)
 from bench.types import Observation, TaskAPI
 
 
@@ -99,6 +106,37 @@ def test_modified_renyi_matches_direct_computation(alpha, y):
     assert got == pytest.approx(direct_mod_renyi(P, y, alpha), rel=1e-9)
     near = modified_renyi_entropy(logp, torch.tensor(y), 1 + 1e-6).item()
     assert near == pytest.approx(direct_mod_renyi(P, y, 1.0), abs=1e-5)
+
+
+@pytest.mark.parametrize("scale", [0.5, 3.0, 12.0])  # near-uniform, LM-like, very peaked next-token distributions
+def test_fused_token_signals_equal_the_reference_functions(scale):
+    """The few-pass per-token statistics (in-place softmax, dot products, ModRényi's series with exact
+    large entries) equal renyi_entropy / modified_renyi_entropy computed in float64, to float32 precision,
+    on a vocabulary wider than one block and not a multiple of it (the tail columns)."""
+    g = torch.Generator().manual_seed(int(scale * 10))
+    z = torch.randn(6, 1000, generator=g) * scale
+    z[0, 7] += 30.0  # a near-certain prediction: p_y close to 1, ModRényi's tails tiny
+    tgt = torch.randint(0, 1000, (6,), generator=g)
+    tgt[0] = 7
+    alphas, mods = (0.5, 1.0, 2.0, math.inf, 3.0), (0.5, 1.0, 2.0, 1.5, 3.0)
+    got = _token_rows(z, tgt, alphas, mods)
+    logp = torch.log_softmax(z.double(), -1)
+    for a in alphas:
+        assert torch.allclose(got[f"H{a}"].double(), renyi_entropy(logp, a), rtol=2e-5, atol=1e-6), a
+    assert torch.allclose(got["logprob"].double(), logp.gather(-1, tgt[:, None])[:, 0], rtol=1e-5, atol=1e-6)
+    for a in mods:
+        want = modified_renyi_entropy(logp, tgt, a)
+        assert torch.allclose(got[f"M{a}"].double(), want, rtol=2e-5, atol=1e-7), (a, got[f"M{a}"], want)
+
+
+def test_topk_means_of_several_k_equal_one_k_at_a_time():
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(4, 9, generator=g)
+    mask = torch.arange(9)[None] < torch.tensor([9, 4, 1, 6])[:, None]
+    for largest in (True, False):
+        many = masked_topk_means(values, mask, [0, 10, 33, 50, 100], largest=largest)
+        for k, v in many.items():
+            assert torch.allclose(v, masked_topk_mean(values, mask, k, largest=largest), rtol=1e-12)
 
 
 def test_modified_entropy_is_lower_when_the_target_is_predicted():

@@ -1,4 +1,4 @@
-"""MP-LoRA / SMP-LoRA (papers/004 Eq. 5, 6, 10; Alg. 1-2): the objectives and their gradients against
+"""MP-LoRA / SMP-LoRA ([SMP-LoRA] Eq. 5, 6, 10; Alg. 1-2): the objectives and their gradients against
 hand computation on toy tensors, the proxy's inner maximisation, and one run of each central LoRA
 defense on the ldm-t2i smoke task."""
 from __future__ import annotations

@@ -6,6 +6,8 @@ scikit-image's on de-normalised images.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from skimage import data, transform
@@ -16,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from attacks.april import April
-from attacks.inverting_gradients import InvertingGradients, infer_labels
+from attacks.inverting_gradients import InvertingGradients, _Matcher, infer_labels
 from bench.registry import ATTACKS
 from bench.types import Message, NotApplicable, Observation, TaskAPI
 
@@ -106,7 +108,7 @@ def client_gradient(model: nn.Module, x: torch.Tensor, y: int, *, train: bool = 
 
 
 def flrsp_mask(grads: dict[str, torch.Tensor], rate: float, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Each entry zeroed with probability ``rate`` (papers/003 Eq. 6-7, the client side of FLRSP)."""
+    """Each entry zeroed with probability ``rate`` ([FLRSP] Eq. 6-7, the client side of FLRSP)."""
     g = torch.Generator().manual_seed(seed)
     return {n: t * (torch.rand(t.shape, generator=g) >= rate) for n, t in grads.items()}
 
@@ -224,7 +226,7 @@ def _bn_observations():
 
 
 def test_inverting_gradients_batched_equals_one_target_at_a_time():
-    """The joint (vmapped) optimisation is the per-target optimisation, not a mixture of targets
+    """``run_batch`` gives each target the result it gets alone, not a mixture of targets
     (train-mode BatchNorm: each target keeps its own batch statistics)."""
     model, x, grads, api = _bn_observations()
     other = client_gradient(model, photo("astronaut"), 5)
@@ -232,13 +234,45 @@ def test_inverting_gradients_batched_equals_one_target_at_a_time():
     atk = InvertingGradients(iterations=5, signed=False, lr=0.01)
     joint = atk.run_batch([o1, o2])
     alone = [atk.run(o1), atk.run(o2)]
-    assert joint[0].details["jointly_optimised"] == 2 and alone[0].details["jointly_optimised"] == 1
     assert joint[0].details["model_mode"] == "train"
     for j, a in zip(joint, alone):
         assert torch.allclose(j.images, a.images, atol=1e-4)
         assert j.labels.tolist() == a.labels.tolist()
     assert joint[0].labels.tolist() == [3] and joint[1].labels.tolist() == [5]
     assert not torch.allclose(joint[0].images, joint[1].images)
+
+
+@pytest.mark.parametrize("per_param", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_gradient_matching_cotangents_equal_autograd(per_param, masked):
+    """The closed-form derivative of the cosine loss (one vector-Jacobian product per iteration) is
+    autograd's, for the global and layer-wise cosine, with and without FLRSP's zero mask."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(3, 4), (5,), (2, 2, 3)]
+    g = [torch.randn(s, generator=gen, dtype=torch.float64).requires_grad_(True) for s in shapes]
+    t = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+    t[1] = torch.zeros(5, dtype=torch.float64)  # a withheld tensor: no say in the layer-wise cosine
+    masks = [torch.rand(s, generator=gen) > 0.3 for s in shapes] if masked else None
+    if masks is not None:
+        t = [ti * mi for ti, mi in zip(t, masks)]
+    match = _Matcher(t, masks, per_param=per_param)
+    loss = match(g)
+    want = torch.autograd.grad(loss, g, allow_unused=True, materialize_grads=True)
+    value, used, vs = match.cotangents(g)
+    assert value.item() == pytest.approx(loss.item(), rel=1e-12)
+    got = {id(u): v for u, v in zip(used, vs)}
+    for gi, wi in zip(g, want):
+        assert torch.allclose(got.get(id(gi), torch.zeros_like(gi)), wi, atol=1e-12)
+
+
+def test_inverting_gradients_start_follows_the_cell_seed():
+    """The dummy's start is drawn from the cell seed (``obs.seed``): seeds vary the attack, a seed repeats it."""
+    model, x, grads, api = _bn_observations()
+    atk = InvertingGradients(iterations=2)
+    obs = [observe(model, grads, api) for _ in range(3)]
+    obs[1] = dataclasses.replace(obs[1], seed=1)
+    a, b, c = (atk.run(o).images for o in obs)
+    assert torch.equal(a, c) and not torch.allclose(a, b)
 
 
 def test_inverting_gradients_matches_only_the_parameters_sent():

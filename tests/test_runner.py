@@ -68,7 +68,7 @@ def test_rerun_skips_finished_and_redoes_lost_cells(tmp_path):
 def test_training_is_cached_and_shared_by_attacks(tmp_path):
     task = toy_task()
     run([task], [FedAvg()], [ToyLossMIA()], [0], tmp_path)
-    cached = list((tmp_path / "cache" / "train").glob("*.pt"))
+    cached = list((tmp_path / "cache" / "train").glob("*.json"))
     assert len(cached) == 1
     mtime = cached[0].stat().st_mtime
 
@@ -78,7 +78,7 @@ def test_training_is_cached_and_shared_by_attacks(tmp_path):
 
 
 def test_seeds_pool_from_per_candidate_scores_and_fedsgd_has_no_client_model(tmp_path):
-    from bench.leaderboard import membership_estimate
+    from bench.report.stats import membership_estimate
     from defenses.fedsgd import FedSGD
 
     task = toy_task()

@@ -173,7 +173,7 @@ def test_logits_parts_are_the_shifted_slices_of_the_full_forward(smoke, batch):
     assert capl.shape == (B, T - s - 1, V) and torch.equal(cap_t, batch["input_ids"][:, s + 1:])
     assert torch.equal(cap_m, batch["caption_mask"][:, s + 1:])
     torch.testing.assert_close(capl[cap_m], full[:, s:-1][cap_m].float(), rtol=1e-4, atol=1e-4)
-    # the loss is the caption-token NLL of papers/000 Eq. 1, computed here from the full (masked) forward
+    # the loss is the caption-token NLL of [FedRand] Eq. 1, computed here from the full (masked) forward
     tgt = batch["input_ids"][:, 1:].masked_fill(~batch["caption_mask"][:, 1:], -100)
     ref = F.cross_entropy(full[:, :-1].reshape(-1, V), tgt.reshape(-1), ignore_index=-100)
     torch.testing.assert_close(smoke.api.loss(model, batch), ref, rtol=1e-4, atol=1e-4)
@@ -410,7 +410,7 @@ def test_default_fedavg_model_names_the_class_of_held_out_images():
 
 
 # ----------------------------------------------------------------------------------------------
-# the papers/000 Table 4 view
+# the [FedRand] Table 4 view
 
 
 def _record(defense: str, label: str, params: dict, view: str, seed: int, k10_caption: float, status: str = "ok") -> dict:
@@ -429,7 +429,7 @@ def _record(defense: str, label: str, params: dict, view: str, seed: int, k10_ca
 
 
 def test_table4_puts_measured_scores_beside_the_reported_numbers():
-    from bench.table4 import markdown, table4
+    from bench.report.table4 import markdown, table4
 
     recs = [_record("fedavg", "fedavg", {}, "global_model", s, 0.7) for s in (0, 1)]
     recs += [_record("fedavg", "fedavg", {}, "client_model", 0, 0.9),
@@ -449,7 +449,7 @@ def test_table4_puts_measured_scores_beside_the_reported_numbers():
 
 
 def test_table4_bootstraps_a_kept_variant_over_candidates_for_one_seed():
-    from bench.table4 import table4
+    from bench.report.table4 import table4
 
     # arrange: one seed; the record keeps MaxRenyi-0% caption's per-candidate scores (perfectly separating)
     rec = _record("fedavg", "fedavg", {}, "global_model", 0, 0.7)

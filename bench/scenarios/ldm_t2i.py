@@ -1,10 +1,11 @@
 """Scenario ``ldm-t2i``: LoRA adaptation of a text-to-image latent diffusion model on private images, the
-setting of papers/004 (MP-LoRA / SMP-LoRA), also run federated by the LoRA defenses of the other papers.
+setting of [SMP-LoRA] (MP-LoRA / SMP-LoRA), also run federated by the LoRA defenses of the other papers.
 
-Private data is split as papers/004 Table 4: members D_tr = D_aux^m u D_te^m (what the LoRA is adapted
+Private data is split as [SMP-LoRA] Table 4: members D_tr = D_aux^m u D_te^m (what the LoRA is adapted
 on), non-members D_aux^nm u D_te^nm, all drawn from one pool (so an attack on the un-adapted base model
 sits at AUROC 0.5); D_aux = D_aux^m u D_aux^nm is the defender's proxy data (``task.extras``) and the
-evaluation attacker's h' training set (App. E). A further held-out split gives the utility: held-out
+evaluation attacker's h' training set (App. E). Membership is evaluated on D_te^m vs D_te^nm only
+(``task.eval_subsets``). A further held-out split gives the utility: held-out
 denoising loss and FID / KID (EfficientNet-Lite0 features) of images generated from its captions.
 
 - ``smoke``: a tiny random-initialised VAE + UNet (32 px canvases, 8x8x4 latents), hashed bag-of-words
@@ -40,7 +41,7 @@ from bench.utility_gen import make_generation_utility, mean_loss
 from models import ldm
 
 PAPER_DATA_ENV = "BENCH_LDM_PAPER_DATA"
-PAPER_DATA_REPO = "WilliamLUO0/StablePrivateLoRA"  # papers/004's code; dataset/Pokemon/1_pokemon: 833 png + BLIP txt
+PAPER_DATA_REPO = "WilliamLUO0/StablePrivateLoRA"  # [SMP-LoRA]'s code; dataset/Pokemon/1_pokemon: 833 png + BLIP txt
 PAPER_DATA_COMMIT = "c3182917b91862aa7883bddcd0570faaadb11833"
 
 
@@ -84,7 +85,7 @@ PRESETS: dict[str, Preset] = {
         fl=FLConfig(num_clients=4, clients_per_round=4, rounds=10, local_epochs=4, batch_size=8, lr=1e-3,
                     optimizer="adamw", weight_decay=0.0),
         central_epochs=200, gen_steps=20, max_membership=64),
-    # papers/004 Table 4 (Pokemon) and Table 5.
+    # [SMP-LoRA] Table 4 (Pokemon) and Table 5.
     "paper": Preset(
         model=ldm.LDMConfig(image_size=512, text="clip", text_dim=768, text_len=77, lora_r=64, lora_alpha=32.0),
         n_aux_m=200, n_te_m=200, n_aux_nm=200, n_te_nm=233, n_heldout=0,
@@ -238,9 +239,17 @@ def _assemble(name: str, preset: str, p: Preset, splits: dict[str, list[dict]], 
               "data_seed": p.data_seed, "model_seed": p.model_seed, **p.notes}
     extras = {"aux_members": list(splits["aux_members"]), "aux_nonmembers": list(splits["aux_nonmembers"]),
               "te_members": list(splits["te_members"]), "te_nonmembers": list(splits["te_nonmembers"])}
+    # membership is evaluated on D_te^m vs D_te^nm only ([SMP-LoRA] Table 4), never on D_aux, which the
+    # MP-/SMP-LoRA proxy trained on; D_aux is the attacker's auxiliary split (its h', App. E)
+    n_am, n_anm = len(splits["aux_members"]), len(splits["aux_nonmembers"])
+    flat = [i for idx in parts for i in idx]  # member positions in the clients' concatenated data
+    eval_subsets = {"central": list(range(n_am, len(members))),
+                    "clients": [j for j, i in enumerate(flat) if i >= n_am],
+                    "nonmembers": list(range(n_anm, len(nonmembers)))}
     return Task(scenario="ldm-t2i", variant="", preset=preset, api=api, fl=p.fl, client_data=client_data,
                 test_data=heldout, utility=utility, nonmembers=nonmembers, central_data=members,
-                central_epochs=p.central_epochs, max_membership=p.max_membership, extras=extras, config=config)
+                central_epochs=p.central_epochs, max_membership=p.max_membership, extras=extras, config=config,
+                eval_subsets=eval_subsets)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,14 +2,15 @@
 
 Members and non-members come from one pool of texts (a stratified held-out split, same category
 histogram), so a membership attack on the un-fine-tuned base model should sit at AUROC 0.5 (the
-distribution-shift check, DESIGN.md s.2). Clients get the member texts by Dirichlet(0.5) over
+distribution-shift check, docs/design.md s.2). Clients get the member texts by Dirichlet(0.5) over
 categories (Hsu et al. 2019). Presets:
 
 - ``smoke``: tiny random Llama over SmolLM2's tokenizer (restricted to the ids the texts use), a few
   hundred fortunes, over-fits fast.
-- ``default``: SmolLM2-135M-Instruct + LoRA r=8 on q,v (FedRand's setting: AdamW lr 3e-4, wd 1e-6,
-  batch 8, papers/000 s.5), on the Debian fortunes; a training run takes minutes on 2 CPU cores.
-- ``paper``: LLaMA-2-7B 4-bit on Alpaca-GPT4 with DP-FedLoRA's settings (papers/002 s.V-A).
+- ``default``: SmolLM2-135M-Instruct + LoRA r=16 on every linear layer, AdamW lr 5e-3 (wd 1e-6 and batch 8
+  as [FedRand] s.5; rank, targets and lr raised so the undefended baseline memorises within a CPU budget),
+  on the Debian fortunes, 32 tokens per text, 250 evaluation candidates per side.
+- ``paper``: LLaMA-2-7B 4-bit on Alpaca-GPT4 with DP-FedLoRA's settings ([DP-FedLoRA] s.V-A).
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ class Preset:
     compact_vocab: bool = False  # tiny model over the ids the corpus uses (text_data.CompactVocab)
     data_seed: int = 0
     model_seed: int = 0
+    central_epochs: int | None = None  # the released (central LoRA) model's epochs; None = fl.local_epochs
 
 
 PRESETS: dict[str, Preset] = {
@@ -64,15 +66,28 @@ PRESETS: dict[str, Preset] = {
         lora_r=16, lora_alpha=32, lora_dropout=0.0,
         lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
         tiny=dict(hidden=64, layers=5, heads=4, intermediate=128), max_membership=32, compact_vocab=True),
-    # ~3 s per LoRA step (batch 8 x 64 tokens) on 2 idle cores: 3 rounds x 2 clients x 15 steps ~ 4-5 min.
-    # Small clients (96 member texts over 4) so each selection is ~5 local epochs (the cap binds): a
-    # client sees its texts ~7 times over training, as in FedRand's 30 rounds x 1 epoch x 4/12 clients
-    # (~10). Measured with 480 members (each text seen ~once): FedAvg client-view AUROC 0.49-0.51.
+    # Calibrated for the positive control (issue 11): the undefended FedAvg baseline must leak clearly in
+    # every view, with >= 250 evaluation candidates per side (bench.cells holds back max(8, 250 // 4) = 62
+    # per side for the attacker's aux split, so 312 members and 400 non-members). All 4 clients train in
+    # every round (1 local epoch, no step cap: ~8-12 steps of batch 8 x 32 tokens each); the central LoRA
+    # (released view) trains as many epochs as a member sees in FedAvg. LoRA r=16 on every linear layer,
+    # AdamW lr 5e-3 (FedRand's r=8 on q,v at 3e-4 memorised nothing measurable at this budget).
+    # Measured here (calibration loop /tmp/lm/calib2.py: FedAvg, this preset but capped at 8 local steps per
+    # round (~0.8 epoch), seed 0, loss attack on 100 members vs 100 label-unmatched non-members; base model
+    # on the same candidates 0.466):
+    #   round (steps)     1 (32)   2 (64)   3 (96)   4 (128)
+    #   global AUROC      0.563    0.639    0.743    0.851
+    #   client (pooled)   0.564    0.722    0.858    0.921
+    # so 4 uncapped rounds (~4 epochs, ~156 steps) clear AUROC 0.75 in both views. Wall time on this 2-core
+    # machine shared with ~7 processes: 7.7-27 s per step (248 s per 32 steps at the lightest load); not yet
+    # confirmed with `bench run` at 250 candidates per side (see the lm report).
     "default": Preset(
-        model="smollm2-135m", data="fortunes", n_members=96, n_nonmembers=256, n_test=128, max_len=64,
-        fl=FLConfig(num_clients=4, clients_per_round=2, rounds=3, local_epochs=10, batch_size=8, lr=3e-4,
-                    optimizer="adamw", weight_decay=1e-6, dirichlet_alpha=0.5, max_local_steps=15),
-        lora_r=8, lora_alpha=16, lora_dropout=0.05),
+        model="smollm2-135m", data="fortunes", n_members=312, n_nonmembers=400, n_test=128, max_len=32,
+        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=4, local_epochs=1, batch_size=8, lr=5e-3,
+                    optimizer="adamw", weight_decay=1e-6, dirichlet_alpha=0.5, max_local_steps=None),
+        lora_r=16, lora_alpha=32, lora_dropout=0.05,
+        lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        max_membership=250, central_epochs=4),
     # DP-FedLoRA s.V-A: 20 clients, 2 per round, 200 rounds of 10 local steps, AdamW, batch 16,
     # 512 tokens, LoRA r=32 alpha=64; 20,000 Alpaca-GPT4 samples (its public script's --dataset_sample).
     "paper": Preset(
@@ -241,7 +256,7 @@ def build_task(preset: str) -> Task:
               "data_seed": p.data_seed, "model_seed": p.model_seed, **p.notes}
     return Task(scenario="llm-text", variant="", preset=preset, api=api, fl=p.fl, client_data=client_data,
                 test_data=test_ds, utility=make_utility(test_ds, collate, p.fl.batch_size), nonmembers=nonmember_ds,
-                central_data=member_ds, central_epochs=p.fl.local_epochs, max_membership=p.max_membership,
+                central_data=member_ds, central_epochs=p.central_epochs or p.fl.local_epochs, max_membership=p.max_membership,
                 config=config)
 
 

@@ -1,20 +1,20 @@
 """Scenario ``vlm-caption``: a vision-language model fine-tuned with LoRA on private captioned images split
-over clients - the setting of papers/000 (FedRand, s.4.1: TinyLLaVA, LoRA on the language model only,
+over clients - the setting of [FedRand] (FedRand, s.4.1: TinyLLaVA, LoRA on the language model only,
 MSCOCO captioning, Dirichlet(0.5) non-IID split, MaxRényi-K% membership inference on the image and caption
 slices, Table 4).
 
-No real image-caption set installs offline (DESIGN.md s.3): images are Fashion-MNIST items on a colour
+No real image-caption set installs offline (docs/design.md s.3): images are Fashion-MNIST items on a colour
 canvas with a procedural augmentation and the caption states the class and the augmentation
 (:mod:`bench.captions`), so captions are grounded in and differ per image. Members, non-members and the
 held-out test set are disjoint class-stratified slices of one pool (the Fashion-MNIST test split: an attack
-on the un-fine-tuned model sits at AUROC 0.5 - unlike papers/000's MSCOCO-vs-NoCaps pairing, which is a
+on the un-fine-tuned model sits at AUROC 0.5 - unlike [FedRand]'s MSCOCO-vs-NoCaps pairing, which is a
 distribution shift). The projector is aligned once on public images (the Fashion-MNIST *training* split,
 disjoint from the pool) and then frozen (:mod:`models.vlm`). Presets:
 
 - ``smoke``: tiny random CNN + tiny random Llama, a few hundred images, over-fits in seconds on purpose.
 - ``default``: EfficientNet-Lite0 (ImageNet) + SmolLM2-135M-Instruct, LoRA r=8 on q,v, AdamW (wd 1e-6,
-  batch 8 as papers/000 s.4.1; lr 1e-3 for the short budget); a training run takes a few minutes.
-- ``paper``: TinyLLaVA-OpenELM-450M-CLIP-0.55B and MSCOCO (Karpathy split) with papers/000's settings
+  batch 8 as [FedRand] s.4.1; lr 1e-3 for the short budget); a training run takes a few minutes.
+- ``paper``: TinyLLaVA-OpenELM-450M-CLIP-0.55B and MSCOCO (Karpathy split) with [FedRand]'s settings
   (12 clients, 4 per round, 30 rounds, rank 8); local files only.
 """
 from __future__ import annotations
@@ -63,7 +63,7 @@ class Preset:
     projector_steps: int = 0
     projector_batch: int = 16
     projector_lr: float = 1e-3
-    train_projector: bool = False  # True: the projector is trained and federated too (not papers/000's setting)
+    train_projector: bool = False  # True: the projector is trained and federated too (not [FedRand]'s setting)
     max_caption_tokens: int = 32
     gen_items: int = 16  # held-out images captioned for the utility
     gen_tokens: int = 24
@@ -104,7 +104,7 @@ PRESETS: dict[str, Preset] = {
         lora_r=8, lora_alpha=16, lora_dropout=0.05, canvas=64, side=2, encoder_size=128,
         # stage-1 alignment: ~4 s per projector step (batch 16, backward through the frozen LM): ~13 min, once
         n_public=3200, projector_steps=200, projector_batch=16, projector_lr=2e-3, gen_items=48, gen_tokens=24),
-    # papers/000 s.4.1 and App. A.1: 50k MSCOCO training images, 5k held out; 12 clients, 4 per round, 30 rounds
+    # [FedRand] s.4.1 and App. A.1: 50k MSCOCO training images, 5k held out; 12 clients, 4 per round, 30 rounds
     # of one local epoch, AdamW 3e-4, wd 1e-6, batch 8, LoRA rank 8; 300 members vs 300 non-members.
     "paper": Preset(
         model="tinyllava", n_members=50000, n_nonmembers=5000, n_test=5000,
@@ -143,7 +143,7 @@ def make_collate(pad_id: int) -> Callable[[Sequence[dict[str, Any]]], dict[str, 
 
 
 def vlm_logits(model: vlm.SmallVLM, batch: dict[str, Tensor], part: str) -> tuple[Tensor, Tensor | None, Tensor]:
-    """The slices of papers/000 Table 4 (Li et al. 2024's image / description slices), shifted:
+    """The slices of [FedRand] Table 4 (Li et al. 2024's image / description slices), shifted:
 
     - ``"caption"``: logits [B, T', V] at the positions predicting each caption token (and eos), its
       targets [B, T'] and mask [B, T'] (padding off);
@@ -164,7 +164,7 @@ def vlm_logits(model: vlm.SmallVLM, batch: dict[str, Tensor], part: str) -> tupl
 
 
 def vlm_loss(model: vlm.SmallVLM, batch: dict[str, Tensor]) -> Tensor:
-    """Mean caption-token NLL over the batch (papers/000 Eq. 1)."""
+    """Mean caption-token NLL over the batch ([FedRand] Eq. 1)."""
     return vlm.caption_loss(model, batch)
 
 
@@ -194,7 +194,7 @@ def _fashion():
 # Phrasings of one grounded caption (the first is bench.captions.caption). Each image is trained with one of
 # them, drawn from its own seed; all are its references, as MSCOCO gives several captions per image. Natural
 # captions are not a function of the image: a model that only generalises stays unsure of the phrasing of an
-# unseen image, one that memorised a member is not - what MaxRényi-K% reads (papers/000 Table 4).
+# unseen image, one that memorised a member is not - what MaxRényi-K% reads ([FedRand] Table 4).
 TEMPLATES: tuple[str, ...] = (
     "a {size} {tint} {cls} {position}, {rotation}",
     "a photo of a {size} {tint} {cls} {position}, {rotation}",

@@ -1,4 +1,4 @@
-"""papers/000 (FedRand) Table 4 beside Table 1, from the suite's records: MaxRényi-0% / -10% AUROC on the image
+"""[FedRand] Table 4 beside Table 1, from the suite's records: MaxRényi-0% / -10% AUROC on the image
 and caption slices per method and threat view ("server" = global model, "client" = the curious server's
 reconstruction of a client), next to the caption utility of the same training run, with the paper's
 reported numbers (``leaderboards/reported/papers000_fedrand.csv``) in the adjacent columns.
@@ -18,7 +18,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from .leaderboard import Results, spec_matches
+from .reported import load as load_reported
+from .results import Results, spec_matches
 
 SCENARIO = "vlm-caption"
 ATTACK = "max_renyi"
@@ -52,7 +53,7 @@ def _results(records: Any) -> Results:
 
 
 def _reported(rep: pd.DataFrame, spec: str, view: str) -> dict[str, tuple[float, float]]:
-    """{column: (value, spread)} of papers/000's Table 4 and Table 1 for one row (percent, as printed)."""
+    """{column: (value, spread)} of [FedRand]'s Table 4 and Table 1 for one row (percent, as printed)."""
     out: dict[str, tuple[float, float]] = {}
     if rep.empty:
         return out
@@ -79,10 +80,8 @@ def _status(res: Results, preset: str, task: str, spec: str, view: str) -> str:
 
 def table4(records: Results | Iterable[dict] | pd.DataFrame, *, reported: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per (preset, task, Table 4 row); measured and reported columns side by side (percent)."""
-    from . import reported as R
-
     res = _results(records)
-    rep = R.load() if reported is None else reported
+    rep = load_reported() if reported is None else reported
     tasks = sorted({(r["preset"], r["task"]) for r in res.records if r["scenario"] == SCENARIO})
     rows = []
     for preset, task in tasks:

@@ -9,8 +9,14 @@ name means its default configuration), ``view``, ``part`` and ``suite_metric``:
 - ``variants:<score>:<metric>``: a named score of a membership attack (``{part}`` is filled from the
   ``part`` column; a ``caption`` part falls back to ``text`` in text-only scenarios);
 - ``utility.<name>``: the global model's utility (names compared without case and punctuation);
-- ``derived:comm_ratio``: (bytes up + down per round) / FedAvg's in the same task (papers/000 Fig. 3);
-- ``derived:frac_ssim_above_0.5``: share of reconstructions with SSIM > 0.5 (papers/003's threshold).
+- ``derived:comm_ratio``: (bytes up + down per round) / FedAvg's in the same task ([FedRand] Fig. 3);
+- ``derived:frac_ssim_above_0.5``: share of reconstructions with SSIM > 0.5 ([FLRSP]'s threshold).
+
+The first scenario listed is the paper's own setting's counterpart; a further one is a different setting (e.g.
+[FedRand]'s MSCOCO-vs-NoCaps AUROCs beside the text-only fortunes of ``llm-text``): such rows are kept in the CSV
+with ``same_setting`` False and left out of the markdown, never put beside the paper's number as its
+measurement. ``asr`` is measured by a record's calibrated ``asr_aux`` only (the oracle-threshold ASR, chosen on
+the evaluation set itself, is optimistic and never shown beside a paper's ASR).
 
 An empty ``suite_metric`` means the suite does not measure it. Reported values are converted to the
 suite's scale (percent -> fraction) only in the ``reported (suite scale)`` column; nothing reported
@@ -25,15 +31,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .leaderboard import Estimate, Results, sample_estimate, seed_estimate
+from .results import Results
+from .stats import Estimate, sample_estimate, seed_estimate
 
-ROOT = Path(__file__).resolve().parent.parent / "leaderboards" / "reported"
+ROOT = Path(__file__).resolve().parents[2] / "leaderboards" / "reported"
 COLUMNS = ["paper", "table", "setting", "metric", "value", "spread", "unit", "scenario", "defense", "attack", "view",
            "part", "suite_metric", "note"]
 UNITS = {"percent", "fraction", "score", "value", "loss", "ssim", "direction", "count", "probability"}
 OUT_COLUMNS = ["paper", "table", "setting", "metric", "reported", "reported (suite scale)", "scenario", "preset", "task",
                "defense", "attack", "view", "suite_metric", "measured", "measured_value", "measured_ci_low",
-               "measured_ci_high", "n_seeds", "note"]
+               "measured_ci_high", "n_seeds", "same_setting", "note"]
 
 
 def load(root: Path | None = None) -> pd.DataFrame:
@@ -120,6 +127,8 @@ def measure(res: Results, row: dict, scenario: str) -> list[dict]:
                 what = _variant(recs, sm, row["part"], scenario) or ""
                 if not what:
                     continue
+            if what == "asr":
+                what = "asr_aux"
             cells: dict[tuple, list[dict]] = {}
             for r in recs:
                 cells.setdefault((r["attack_label"], r["view"]), []).append(r)
@@ -137,7 +146,7 @@ def _row(est: Estimate, preset: str, task: str, rec: dict, what: str) -> dict:
     return {"preset": preset, "task": task, "defense": rec["defense_label"],
             "attack": rec["attack_label"] if rec.get("attack_kind") and "utility" not in what and "comm" not in what else "",
             "view": rec["view"] if "utility" not in what and "comm" not in what else "", "suite_metric": what,
-            "measured": est.fmt(), "measured_value": est.value, "measured_ci_low": est.lo,
+            "measured": est.note or est.fmt(), "measured_value": est.value, "measured_ci_low": est.lo,
             "measured_ci_high": est.hi, "n_seeds": est.n_seeds}
 
 
@@ -167,12 +176,13 @@ def compare(res: Results, reported: pd.DataFrame | None = None) -> pd.DataFrame:
                 "reported": reported_txt.strip(), "reported (suite scale)": "" if scaled is None else f"{scaled:.6g}",
                 "note": r["note"]}
         scenarios = [s for s in r["scenario"].split(";") if s] or [""]
-        for s in scenarios:
+        for i, s in enumerate(scenarios):
             ms = measure(res, r, s) if s else []
+            same = {"same_setting": i == 0}
             for m in ms:
-                rows.append({**base, "scenario": s.split("/")[0], **m})
+                rows.append({**base, "scenario": s.split("/")[0], **m, **same})
             if not ms:
-                rows.append({**base, "scenario": s.split("/")[0], "preset": "", "task": s if "/" in s else "",
+                rows.append({**base, "scenario": s.split("/")[0], **same, "preset": "", "task": s if "/" in s else "",
                              "defense": r["defense"], "attack": r["attack"], "view": r["view"],
                              "suite_metric": r["suite_metric"], "measured": "not measured" if r["suite_metric"] else
                              "not measured by the suite", "measured_value": math.nan, "measured_ci_low": math.nan,

@@ -1,6 +1,6 @@
 """Plots (matplotlib, Agg), all regenerated from the records: reconstruction grids (per cell, written by
-the runner), log-scale ROC curves (Carlini et al. 2022), the privacy-utility trade-off (papers/000
-Fig. 2), per-image SSIM distributions (papers/003 Fig. 12), communication per round (papers/000
+the runner), log-scale ROC curves (Carlini et al. 2022), the privacy-utility trade-off ([FedRand]
+Fig. 2), per-image SSIM distributions ([FLRSP] Fig. 12), communication per round ([FedRand]
 Fig. 3) and composed epsilon over rounds for the DP defenses (opacus RDP via the defense's own
 ``epsilon_composed``)."""
 from __future__ import annotations
@@ -10,169 +10,11 @@ import re
 import shutil
 import warnings
 from pathlib import Path
-from typing import Sequence
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
-
-PNG_META = {"Software": None}  # no version string: the same records give the same bytes
-FPR_GRID = np.logspace(-3, 0, 200)
-
-
-def _save(fig, path: Path, dpi: int = 90, *, tight: bool = False) -> str:
-    if tight:
-        fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, metadata=PNG_META)
-    plt.close(fig)
-    return str(path)
-
-
-def save_grid(originals: np.ndarray, recon: np.ndarray, path: Path, *, title: str = "",
-              scores: Sequence[float] | None = None) -> str:
-    """Originals (top row) over reconstructions (bottom row), [N,C,H,W] in [0,1]; returns the path."""
-    n = len(originals)
-    fig, axes = plt.subplots(2, n, figsize=(1.6 * n + 0.4, 3.6), squeeze=False)
-    for i in range(n):
-        for row, img in ((0, originals[i]), (1, recon[i])):
-            ax = axes[row][i]
-            im = np.moveaxis(img, 0, -1)
-            ax.imshow(im.squeeze(-1) if im.shape[-1] == 1 else im, cmap="gray" if im.shape[-1] == 1 else None,
-                      vmin=0, vmax=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
-        if scores is not None:
-            axes[1][i].set_xlabel(f"SSIM {scores[i]:.2f}", fontsize=8)
-    axes[0][0].set_ylabel("original", fontsize=8)
-    axes[1][0].set_ylabel("reconstruction", fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    return _save(fig, path, dpi=80, tight=True)
-
-
-def save_roc(curves: dict[str, tuple[Sequence[float], Sequence[float]]], path: Path, *, title: str = "") -> str:
-    """Log-scale ROC curves (Carlini et al. 2022 style), one line per label."""
-    fig, ax = plt.subplots(figsize=(4.6, 4.2))
-    fig.subplots_adjust(left=0.15, right=0.97, bottom=0.12, top=0.91)
-    for name, (fpr, tpr) in curves.items():
-        ax.plot(np.maximum(fpr, 1e-3), np.maximum(tpr, 1e-3), label=name, lw=1.2)
-    ax.plot([1e-3, 1], [1e-3, 1], "k--", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    plain_log_ticks(ax, "xy")
-    ax.set_xlim(1e-3, 1)
-    ax.set_ylim(1e-3, 1.05)
-    ax.set_xlabel("false positive rate")
-    ax.set_ylabel("true positive rate")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=6, loc="lower right")
-    return _save(fig, path)
-
-
-def plain_log_ticks(ax, which: str) -> None:
-    """Log axes with plain decimal labels (mathtext tick labels are slow to lay out)."""
-    fmt = FuncFormatter(lambda v, _: f"{v:g}")
-    for w in which:
-        axis = ax.xaxis if w == "x" else ax.yaxis
-        axis.set_major_formatter(fmt)
-        axis.set_minor_formatter(NullFormatter())
-
-
-def mean_roc(rocs: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
-    """Vertical average over seeds of ROC curves on a log-spaced FPR grid."""
-    tprs = [np.interp(FPR_GRID, np.asarray(r["fpr"], float), np.asarray(r["tpr"], float)) for r in rocs]
-    return FPR_GRID, np.mean(tprs, axis=0)
-
-
-def save_tradeoff(panels: list[dict], path: Path, *, title: str = "") -> str:
-    """Privacy vs utility, one point per defense configuration with 95% error bars (papers/000 Fig. 2)."""
-    n = len(panels)
-    cols = min(3, n)
-    rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.8 * rows), squeeze=False)
-    fig.subplots_adjust(left=0.08 / cols ** 0.5, right=0.98, bottom=0.12 / rows, top=1 - 0.12 / rows, wspace=0.3,
-                        hspace=0.45)
-    for ax, p in zip(axes.flat, panels):
-        for pt in p["points"]:
-            xerr = [[pt["x"] - pt["xlo"]], [pt["xhi"] - pt["x"]]] if not math.isnan(pt["xlo"]) else None
-            yerr = [[pt["y"] - pt["ylo"]], [pt["yhi"] - pt["y"]]] if not math.isnan(pt["ylo"]) else None
-            ax.errorbar(pt["x"], pt["y"], xerr=xerr, yerr=yerr, fmt="o", ms=4, capsize=2, label=pt["label"])
-            ax.annotate(pt["label"], (pt["x"], pt["y"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
-        if p.get("ref") is not None:
-            ax.axhline(p["ref"], color="k", ls=":", lw=0.8)
-        ax.set_xlabel(p["xlabel"], fontsize=8)
-        ax.set_ylabel(p["ylabel"], fontsize=8)
-        ax.set_title(p["title"], fontsize=8)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    if title:
-        fig.suptitle(title, fontsize=9)
-    return _save(fig, path)
-
-
-def save_distributions(data: dict[str, Sequence[float]], path: Path, *, xlabel: str, title: str = "",
-                       ref: float | None = None) -> str:
-    """Per-defense distributions (box + points), e.g. per-image SSIM as papers/003 Fig. 12."""
-    labels = list(data)
-    fig, ax = plt.subplots(figsize=(6, 0.45 * len(labels) + 1.4))
-    fig.subplots_adjust(left=0.3, right=0.97, bottom=0.8 / fig.get_figheight(), top=1 - 0.45 / fig.get_figheight())
-    ax.boxplot([np.asarray(data[k], float) for k in labels], orientation="horizontal", widths=0.6, showfliers=False)
-    rng = np.random.default_rng(0)
-    for i, k in enumerate(labels, start=1):
-        v = np.asarray(data[k], float)
-        ax.scatter(v, i + rng.uniform(-0.15, 0.15, len(v)), s=8, alpha=0.6)
-    ax.set_yticks(range(1, len(labels) + 1), labels, fontsize=7)
-    if ref is not None:
-        ax.axvline(ref, color="k", ls=":", lw=0.8)
-    ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=9)
-    return _save(fig, path)
-
-
-def save_bars(values: dict[str, tuple[float, float]], path: Path, *, xlabel: str, title: str = "",
-              ref: float | None = None) -> str:
-    """Stacked horizontal bars (up, down) per label, e.g. communication per round (papers/000 Fig. 3)."""
-    labels = list(values)
-    up = np.array([values[k][0] for k in labels])
-    down = np.array([values[k][1] for k in labels])
-    fig, ax = plt.subplots(figsize=(6, 0.4 * len(labels) + 1.8))
-    fig.subplots_adjust(left=0.3, right=0.9, bottom=1.2 / fig.get_figheight(), top=1 - 0.45 / fig.get_figheight())
-    y = np.arange(len(labels))
-    ax.barh(y, up, label="client -> server")
-    ax.barh(y, down, left=up, label="server -> client")
-    for i in range(len(labels)):
-        ax.text(up[i] + down[i], i, f" {up[i] + down[i]:.3g}", va="center", fontsize=7)
-    if ref is not None:
-        ax.axvline(ref, color="k", ls=":", lw=0.8)
-    ax.set_yticks(y, labels, fontsize=7)
-    ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, frameon=False)
-    return _save(fig, path)
-
-
-def save_curves(series: dict[str, tuple[Sequence[float], Sequence[float]]], path: Path, *, xlabel: str,
-                ylabel: str, title: str = "", logy: bool = False) -> str:
-    fig, ax = plt.subplots(figsize=(5.2, 3.8))
-    fig.subplots_adjust(left=0.14, right=0.97, bottom=0.13, top=0.91)
-    for name, (x, y) in series.items():
-        ax.plot(x, y, marker="o" if len(x) < 2 else None, ms=4, label=name, lw=1.2)
-    if logy:
-        ax.set_yscale("log")
-        plain_log_ticks(ax, "y")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=6)
-    return _save(fig, path)
-
-
-# ----------------------------------------------------------------------------------------------
-# the plots of one scenario, from the records
+from .charts import mean_roc, save_bars, save_curves, save_distributions, save_roc, save_tradeoff
+from .results import HEADLINE, UTILITY_ORDER, VIEW_SHORT, lower_is_better
 
 
 def slug(*parts: str) -> str:
@@ -181,8 +23,6 @@ def slug(*parts: str) -> str:
 
 def scenario_plots(res, scenario: str, table, dest: Path, out: Path) -> list[str]:
     """Every plot of ``scenario``; returns paths relative to ``dest`` (sorted, deterministic)."""
-    from .leaderboard import HEADLINE, VIEW_SHORT
-
     rel = Path("plots") / slug(scenario)
     recs = [r for r in res.records if r["scenario"] == scenario and r["status"] == "ok"]
     written: list[str] = []
@@ -238,8 +78,6 @@ def _copy_grids(per_def: dict[str, list[dict]], out: Path, dest: Path, rel: Path
 
 
 def _tradeoff(res, sub, dest: Path, rel: Path, tag: str, task: str, preset: str, headline) -> list[str]:
-    from .leaderboard import UTILITY_ORDER, lower_is_better
-
     keys = [c[8:] for c in sub.columns if c.startswith("utility.") and not c.endswith((".ci_low", ".ci_high"))]
     keys = [k for k in UTILITY_ORDER if k in keys] + sorted(k for k in keys if k not in UTILITY_ORDER)
     if not keys or sub.empty:
@@ -309,11 +147,9 @@ def epsilon_series(rec: dict, *, points: int = 6) -> tuple[list[int], list[float
     if q is None:
         return [rounds], [float(final)], "recorded value only (the record has no sample rate)"
     try:
-        from .registry import DEFENSES, build
+        from ..registry import DEFENSES, build
 
         d = build(DEFENSES.get(rec["defense"]), dict(rec.get("defense_params") or {}), "defense")
-        if getattr(d, "_delta", "absent") is None:
-            d._delta = delta  # as the runner's training run had it after setup()
         xs = sorted({int(round(x)) for x in np.geomspace(1, rounds, min(points, rounds))} | {rounds})
         with warnings.catch_warnings():  # a defense that needs its message structure says so: the fallback below
             warnings.simplefilter("ignore")

@@ -1,0 +1,145 @@
+"""Resampling for membership scores, pure numpy/scipy (the harness's positive control and the reporting both use
+it): vectorised AUROC and TPR at a fixed FPR, the hierarchical bootstrap (seeds, then candidates within each
+drawn seed; Efron & Tibshirani 1993, ch. 6), and its paired form, where two rows scored on the same candidates
+(``per_candidate.id``) share every resampling, so their difference has the paired interval.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from scipy import stats
+
+LEVEL = 0.95
+# TPR at FPR f is only reported with at least MIN_NEG_PER_FPR / f non-members (10 false positives at the
+# threshold): with fewer, "TPR at 0.1% FPR" is TPR at zero false positives whatever f is.
+MIN_NEG_PER_FPR = 10
+
+Stat = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def min_nonmembers(fpr: float) -> int:
+    """Non-members needed before TPR at FPR ``fpr`` is reported (10 / fpr)."""
+    return int(math.ceil(MIN_NEG_PER_FPR / fpr - 1e-9))
+
+
+def tpr_unreported(fpr: float, n_nonmembers: int) -> str:
+    """The reason TPR at ``fpr`` is not reported with ``n_nonmembers`` non-members, or "" when it is."""
+    need = min_nonmembers(fpr)
+    return "" if n_nonmembers >= need else f"n/a: needs >= {need} non-members for FPR {fpr:g}, has {n_nonmembers}"
+
+
+def auroc_rows(pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
+    """AUROC per row of [B, n1] member and [B, n0] non-member scores (Mann-Whitney U, ties averaged)."""
+    n1, n0 = pos.shape[1], neg.shape[1]
+    ranks = stats.rankdata(np.concatenate([pos, neg], axis=1), axis=1)
+    return (ranks[:, :n1].sum(1) - n1 * (n1 + 1) / 2) / (n1 * n0)
+
+
+def tpr_at_fpr_rows(pos: np.ndarray, neg: np.ndarray, fpr: float) -> np.ndarray:
+    """Highest TPR with FPR <= ``fpr`` per row (the conservative ROC reading of bench.metrics)."""
+    m = int(math.floor(fpr * neg.shape[1] + 1e-9))  # non-members allowed above the threshold
+    if m >= neg.shape[1]:
+        return np.ones(len(pos))
+    thr = -np.sort(-neg, axis=1)[:, m]  # the (m+1)-th highest non-member score
+    return (pos > thr[:, None]).mean(1)
+
+
+def member_stat(metric: str) -> Stat | None:
+    """The vectorised statistic of a membership metric name, None for metrics without one."""
+    if metric == "auroc":
+        return auroc_rows
+    if metric == "advantage":
+        return lambda p, n: np.abs(auroc_rows(p, n) - 0.5) / 0.5
+    m = re.fullmatch(r"tpr@([0-9.]+)fpr", metric)
+    if m:
+        f = float(m.group(1))
+        return lambda p, n: tpr_at_fpr_rows(p, n, f)
+    return None
+
+
+def percentile_interval(reps: np.ndarray) -> tuple[float, float]:
+    a = (1 - LEVEL) / 2 * 100
+    return float(np.percentile(reps, a)), float(np.percentile(reps, 100 - a))
+
+
+def hierarchical(groups: list[Any], draw, rng: np.random.Generator, n_boot: int) -> np.ndarray:
+    """Bootstrap replicates: resample seeds, then ``draw(group, n_rows, rng)`` within each drawn seed."""
+    k = len(groups)
+    seed_idx = rng.integers(0, k, size=(n_boot, k)) if k > 1 else np.zeros((n_boot, 1), dtype=int)
+    total = np.zeros(n_boot)
+    for j in range(seed_idx.shape[1]):
+        col = np.zeros(n_boot)
+        for g in range(k):
+            rows = np.flatnonzero(seed_idx[:, j] == g)
+            if len(rows):
+                col[rows] = draw(groups[g], len(rows), rng)
+        total += col
+    return total / seed_idx.shape[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# paired rows: the same candidates (by id) in the same seeds
+
+
+PairedGroup = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # members a, non-members a, members b, non-m. b
+
+
+def candidates(rec: dict, variant: str | None = None) -> dict[str, tuple[float, int]] | None:
+    """{candidate id: (score, member)} of one record, None without ids (or scores)."""
+    pc = rec.get("per_candidate") or {}
+    ids, y = pc.get("id"), pc.get("member")
+    sc = pc.get("score") if variant is None else (pc.get("variants") or {}).get(variant)
+    if not ids or not sc or not y or not len(ids) == len(sc) == len(y):
+        return None
+    return {str(i): (float(s), int(m)) for i, s, m in zip(ids, sc, y)}
+
+
+def paired_groups(recs_a: Sequence[dict], recs_b: Sequence[dict], *, variant_a: str | None = None,
+                  variant_b: str | None = None) -> list[PairedGroup] | None:
+    """Per seed both rows have, the two rows' scores on their shared candidates, aligned by id (sorted ids);
+    None when the rows cannot be paired (no ids, no shared seed, or no shared member / non-member)."""
+    by_a = {r.get("seed", 0): candidates(r, variant_a) for r in recs_a}
+    by_b = {r.get("seed", 0): candidates(r, variant_b) for r in recs_b}
+    groups: list[PairedGroup] = []
+    for seed in sorted(set(by_a) & set(by_b)):
+        a, b = by_a[seed], by_b[seed]
+        if a is None or b is None:
+            return None
+        shared = sorted(set(a) & set(b))
+        mem = [i for i in shared if a[i][1] == 1 and b[i][1] == 1]
+        non = [i for i in shared if a[i][1] == 0 and b[i][1] == 0]
+        if not mem or not non:
+            continue
+        groups.append((np.array([a[i][0] for i in mem]), np.array([a[i][0] for i in non]),
+                       np.array([b[i][0] for i in mem]), np.array([b[i][0] for i in non])))
+    return groups or None
+
+
+def paired_replicates(groups: list[PairedGroup], stat: Stat, rng: np.random.Generator,
+                      n_boot: int) -> tuple[np.ndarray, np.ndarray]:
+    """Replicates of both rows' statistic (mean over drawn seeds) under one shared resampling: seeds, then the
+    members and the non-members of each drawn seed (the same indices for both rows)."""
+    k = len(groups)
+    seed_idx = rng.integers(0, k, size=(n_boot, k)) if k > 1 else np.zeros((n_boot, 1), dtype=int)
+    tot_a, tot_b = np.zeros(n_boot), np.zeros(n_boot)
+    for j in range(seed_idx.shape[1]):
+        for g in range(k):
+            rows = np.flatnonzero(seed_idx[:, j] == g)
+            if not len(rows):
+                continue
+            pa, na, pb, nb = groups[g]
+            i = rng.integers(0, len(pa), (len(rows), len(pa)))
+            m = rng.integers(0, len(na), (len(rows), len(na)))
+            tot_a[rows] += stat(pa[i], na[m])
+            tot_b[rows] += stat(pb[i], nb[m])
+    return tot_a / seed_idx.shape[1], tot_b / seed_idx.shape[1]
+
+
+def paired_points(groups: list[PairedGroup], stat: Stat) -> tuple[float, float]:
+    """Both rows' statistic on their shared candidates, averaged over the shared seeds."""
+    a = np.mean([stat(pa[None], na[None])[0] for pa, na, _, _ in groups])
+    b = np.mean([stat(pb[None], nb[None])[0] for _, _, pb, nb in groups])
+    return float(a), float(b)

@@ -1,0 +1,134 @@
+"""Positive control of a task: does its undefended baseline leak clearly enough for "this defense stops the
+attack" to mean anything? (Pure numpy over the records; the runner calls it after a run, the leaderboard marks
+the tasks that fail and makes their claims ``inconclusive``.)
+
+Criterion, per task and membership view of its undefended baseline (``fedavg``, else ``lora``, else ``fedsgd``,
+default configuration): the strongest membership attack (highest AUROC of its primary score) reaches AUROC >=
+``AUROC_MIN`` and the 95% interval of its AUROC minus the un-fine-tuned base model's AUROC on the same
+candidates has its lower end >= ``GAP_MIN`` (paired bootstrap over seeds and shared candidate ids; unpaired
+when the records carry no ids, and the result says so). The base model is scored in the global view only; a
+client or released view is compared with it on the candidates both scored.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from .bootstrap import auroc_rows, hierarchical, paired_groups, paired_points, paired_replicates, percentile_interval
+
+AUROC_MIN = 0.75
+GAP_MIN = 0.10
+BASELINE_ORDER = ("fedavg", "lora", "fedsgd")
+N_BOOT = 1000
+
+
+@dataclass(frozen=True)
+class Control:
+    """The positive control of one task x membership view: ``passed``, or ``reason`` why not."""
+
+    task: str
+    preset: str
+    view: str
+    baseline: str
+    attack: str
+    passed: bool
+    reason: str
+    auroc: float = float("nan")
+    gap: float = float("nan")
+    gap_lo: float = float("nan")
+    paired: bool = False
+
+    def line(self) -> str:
+        where = f"{self.task} [{self.preset}] {self.baseline} {self.view}"
+        return f"{where}: {'passed' if self.passed else 'FAILED'} ({self.reason})"
+
+
+def _groups(recs: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
+    out = []
+    for r in sorted(recs, key=lambda r: r.get("seed", 0)):
+        pc = r.get("per_candidate") or {}
+        s, y = np.asarray(pc.get("score") or [], float), np.asarray(pc.get("member") or [], int)
+        if len(s) and len(s) == len(y) and (y == 1).any() and (y == 0).any():
+            out.append((s[y == 1], s[y == 0]))
+    return out
+
+
+def _auroc(recs: list[dict], rng: np.random.Generator) -> tuple[float, np.ndarray] | None:
+    groups = _groups(recs)
+    if not groups:
+        return None
+    value = float(np.mean([auroc_rows(p[None], n[None])[0] for p, n in groups]))
+
+    def draw(g, b, r):
+        p, n = g
+        return auroc_rows(p[r.integers(0, len(p), (b, len(p)))], n[r.integers(0, len(n), (b, len(n)))])
+
+    return value, hierarchical(groups, draw, rng, N_BOOT)
+
+
+def _gap(mine: list[dict], base: list[dict], rng: np.random.Generator) -> tuple[float, float, bool] | None:
+    """(AUROC gap over the base model, its interval's lower end, paired?)."""
+    groups = paired_groups(mine, base)
+    if groups is not None:
+        a, b = paired_points(groups, auroc_rows)
+        ra, rb = paired_replicates(groups, auroc_rows, rng, N_BOOT)
+        return a - b, percentile_interval(ra - rb)[0], True
+    ea, eb = _auroc(mine, rng), _auroc(base, rng)
+    if ea is None or eb is None:
+        return None
+    return ea[0] - eb[0], percentile_interval(ea[1] - eb[1])[0], False
+
+
+def _bare(r: dict) -> bool:
+    return "(" not in r.get("defense_label", "")
+
+
+def positive_controls(records: Iterable[dict]) -> list[Control]:
+    """One ``Control`` per (preset, task, membership view of the task's baseline); sorted."""
+    ok = [r for r in records if r.get("status") == "ok" and r.get("attack_kind") == "membership"]
+    out = []
+    for preset, task in sorted({(r.get("preset", ""), r.get("task", "")) for r in ok}):
+        recs = [r for r in ok if (r.get("preset", ""), r.get("task", "")) == (preset, task)]
+        names = {r["defense"] for r in recs if _bare(r)}
+        baseline = next((b for b in BASELINE_ORDER if b in names), None)
+        if baseline is None:
+            continue
+        base = [r for r in recs if r["defense"] == "base"]
+        mine = [r for r in recs if r["defense"] == baseline and _bare(r)]
+        for view in sorted({r["view"] for r in mine}):
+            rng = np.random.default_rng(zlib.crc32(f"{preset}|{task}|{view}".encode()))  # deterministic
+            cells: dict[str, list[dict]] = {}
+            for r in mine:
+                if r["view"] == view:
+                    cells.setdefault(r["attack_label"], []).append(r)
+            scored = {a: e for a, rs in sorted(cells.items()) if (e := _auroc(rs, rng)) is not None}
+            if not scored:
+                continue
+            attack = max(scored, key=lambda a: (scored[a][0], a))
+            auroc = scored[attack][0]
+            head = dict(task=task, preset=preset, view=view, baseline=baseline, attack=attack, auroc=auroc)
+            if auroc < AUROC_MIN:
+                out.append(Control(**head, passed=False,
+                                   reason=f"strongest attack {attack} AUROC {auroc:.3f} < {AUROC_MIN}"))
+                continue
+            b = [r for r in base if r["attack_label"] == attack]
+            b = [r for r in b if r["view"] == view] or b  # the base model is scored in the global view
+            gap = _gap(cells[attack], b, rng) if b else None
+            if gap is None:
+                out.append(Control(**head, passed=False, reason=f"no base-model score of {attack} to compare with"))
+                continue
+            g, lo, paired = gap
+            how = "paired" if paired else "unpaired: no shared candidate ids"
+            passed = lo >= GAP_MIN
+            reason = (f"{attack} AUROC {auroc:.3f}; minus the base model's on the same candidates {g:+.3f}, "
+                      f"interval lower end {lo:+.3f} {'>=' if passed else '<'} {GAP_MIN} ({how})")
+            out.append(Control(**head, passed=passed, reason=reason, gap=g, gap_lo=lo, paired=paired))
+    return out
+
+
+def failures(records: Iterable[dict]) -> list[str]:
+    """Warning lines for the tasks whose baseline fails its positive control (empty when all pass)."""
+    return [c.line() for c in positive_controls(records) if not c.passed]

@@ -1,0 +1,261 @@
+"""Where work units run: in this process, in local worker processes, or as Ray tasks.
+
+A unit (``bench.runner.Unit``: one training run or one attack cell) is executed by
+``bench.runner.execute_unit`` wherever it lands. Isolated executors run it in a child process with a
+wall-clock budget and a memory cap (``RLIMIT_AS``); a child that overruns is killed and the unit comes
+back ``failed`` with the reason, so one misbehaving defense cannot stall or take down the run. Worker
+processes are reused across units and restarted only after a timeout or a crash (a fresh child per unit
+would pay torch's import every time). Every executor's ``submit`` returns a ``concurrent.futures.Future``
+of an outcome dict; scheduling is left to ``concurrent.futures`` and Ray.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import os
+import queue
+import sys
+import threading
+import time
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any
+
+from .runner import InlineExecutor, execute_unit  # executors sit above the runner (InlineExecutor re-exported)
+
+# A worker's outcome: {"key", "kind", "status": ok|failed|n/a, "reason", "wall_s", "restart": bool, ...}
+Outcome = dict
+
+
+def total_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_threads(jobs: int) -> int:
+    """torch threads per worker: ``BENCH_THREADS`` if set, else 1 whatever ``jobs`` is.
+
+    One thread, not cores // jobs: intra-op parallel reductions round differently with the thread count
+    (measured: --jobs 1 at 2 threads and --jobs 2 at 1 thread differ in the 7th digit), and records must
+    not depend on --jobs; independent single-thread workers also scale better (issue 12: two 1-thread
+    processes gave 1.9x one, two threads in one process 1.3x quiet, 0.33x under load). Use --jobs for
+    the cores, or BENCH_THREADS to trade that guarantee for threads."""
+    raw = os.environ.get("BENCH_THREADS", "").strip()
+    return int(raw) if raw else 1
+
+
+def default_mem_cap_mb(jobs: int) -> int:
+    """A generous per-worker address-space cap: 75% of RAM shared out over the jobs."""
+    return int(0.75 * total_memory_bytes() / max(1, jobs) / 2**20)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What every worker process sets up once: threads, memory cap (MB, 0 = none), contributed modules."""
+
+    threads: int = 1
+    mem_cap_mb: int = 0
+    timeout_s: float = 0.0  # per unit; 0 = no limit
+    contrib: tuple[tuple[str, str], ...] = ()  # (module name, file) of contributed methods to re-import
+    quiet: bool = True  # keep third-party loading noise out of the terminal
+    device: str = "cpu"  # where the worker places models (bench.device)
+
+
+def contributed_modules() -> tuple[tuple[str, str], ...]:
+    """Contributed methods loaded from a path in this process (``Registry.load_path``): a worker must
+    import them under the same module name before it can unpickle their instances."""
+    return tuple(sorted((name, m.__file__) for name, m in list(sys.modules.items())
+                        if name.startswith("_bench_contrib_") and getattr(m, "__file__", None)))
+
+
+def _init_worker(cfg: WorkerConfig) -> None:
+    """Runs once in each fresh worker process (before any unit)."""
+    import importlib.util
+
+    if cfg.mem_cap_mb > 0:
+        import resource
+
+        cap = cfg.mem_cap_mb * 2**20
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    os.environ["BENCH_THREADS"] = str(cfg.threads)
+    os.environ["BENCH_QUIET"] = "1"  # the parent draws the only progress bar
+    os.environ["BENCH_DEVICE"] = cfg.device
+    if cfg.mem_cap_mb > 0:
+        os.environ["BENCH_MEM_CAP_MB"] = str(cfg.mem_cap_mb)
+    if cfg.quiet:
+        from .progress import silence_third_party
+
+        silence_third_party()
+    import torch
+
+    torch.set_num_threads(cfg.threads)
+    for name, path in cfg.contrib:
+        if name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+
+
+def _run_in_worker(unit) -> Outcome:
+    return execute_unit(unit)
+
+
+
+class Slot:
+    """One reusable worker process with a per-unit wall-clock budget; killed and replaced on overrun or crash."""
+
+    def __init__(self, cfg: WorkerConfig, context: str = "forkserver"):
+        self.cfg = cfg
+        self.context = context
+        self._pool: cf.ProcessPoolExecutor | None = None
+
+    def _ensure(self) -> cf.ProcessPoolExecutor:
+        if self._pool is None:
+            ctx = mp.get_context(self.context)
+            if self.context == "forkserver":  # workers fork from a server that has torch imported already
+                ctx.set_forkserver_preload(["bench.runner"])
+            self._pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker,
+                                                initargs=(self.cfg,))
+        return self._pool
+
+    def _processes(self) -> list:
+        # ProcessPoolExecutor has no public way to kill a worker before Python 3.14 (terminate_workers)
+        return list(getattr(self._pool, "_processes", {}).values()) if self._pool else []
+
+    def _discard(self, kill: bool) -> list[int | None]:
+        procs = self._processes()
+        if kill:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+        for p in procs:
+            p.join(timeout=10)
+        codes = [p.exitcode for p in procs]
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = None
+        return codes
+
+    def run(self, unit, fn=None, *, flag: str = "--cell-timeout") -> Outcome:
+        """``fn(unit)`` (default ``execute_unit``) in the worker; ``flag`` names the budget in a timeout reason."""
+        t0 = time.time()
+        fut = self._ensure().submit(fn or _run_in_worker, unit)
+        budget = self.cfg.timeout_s or None
+        try:
+            out = fut.result(timeout=budget)
+        except cf.TimeoutError:
+            self._discard(kill=True)
+            return _failed(unit, f"timed out after {budget:g} s ({flag}); the worker was killed", t0)
+        except BrokenProcessPool:
+            codes = self._discard(kill=False)
+            code = next((c for c in codes if c is not None), None)
+            cap = f"; memory cap {self.cfg.mem_cap_mb} MB" if self.cfg.mem_cap_mb else ""
+            return _failed(unit, f"worker process died (exit code {code}){cap}", t0)
+        except BaseException as e:  # e.g. the outcome could not be unpickled
+            self._discard(kill=True)
+            return _failed(unit, f"worker error: {type(e).__name__}: {e}", t0)
+        if out.get("restart"):  # e.g. after a MemoryError the worker's heap is suspect
+            self._discard(kill=True)
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)  # idle worker: it exits on its own
+            self._pool = None
+
+
+def _failed(unit, reason: str, t0: float) -> Outcome:
+    return {"key": unit.key, "kind": unit.kind, "status": "failed", "reason": reason, "wall_s": time.time() - t0,
+            "written": False}
+
+
+class LocalExecutor:
+    """``jobs`` worker processes on this machine; a thread per slot waits on its worker (and its budget)."""
+
+    name = "local"
+
+    def __init__(self, jobs: int, cfg: WorkerConfig, *, context: str = "forkserver"):
+        self.jobs = jobs
+        self._slots: queue.Queue[Slot] = queue.Queue()
+        self._all = [Slot(cfg, context) for _ in range(jobs)]
+        for s in self._all:
+            self._slots.put(s)
+        self._threads = cf.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="bench-slot")
+
+    def _run(self, unit) -> Outcome:
+        slot = self._slots.get()
+        try:
+            return slot.run(unit)
+        finally:
+            self._slots.put(slot)
+
+    def submit(self, unit) -> cf.Future:
+        return self._threads.submit(self._run, unit)
+
+    def shutdown(self, *, kill: bool = False) -> None:
+        """Stop the workers; ``kill`` (an interrupted run) does not wait for the units in flight."""
+        if kill:
+            for s in self._all:
+                s._discard(kill=True)
+        self._threads.shutdown(wait=True, cancel_futures=True)
+        for s in self._all:
+            s.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Ray: the same units as Ray tasks; inside a task the unit still runs in an isolated child (a Slot
+# kept per Ray worker process), so timeouts and memory caps behave as with the local executor.
+
+_RAY_SLOTS: dict[WorkerConfig, Slot] = {}
+_RAY_LOCK = threading.Lock()
+
+
+def _ray_task(unit, cfg: WorkerConfig) -> Outcome:
+    with _RAY_LOCK:
+        slot = _RAY_SLOTS.setdefault(cfg, Slot(cfg, "spawn"))
+    return slot.run(unit)
+
+
+class RayExecutor:
+    """Submits units to a Ray cluster (``address``) or a local one started for this run (``num_cpus``)."""
+
+    name = "ray"
+
+    def __init__(self, cfg: WorkerConfig, *, address: str | None = None, num_cpus: int | None = None,
+                 num_gpus: float = 0.0, memory_mb: int = 0):
+        try:
+            import ray
+        except ImportError:
+            raise RuntimeError("--executor ray needs the 'ray' package: pip install 'privacy-fl-bench[ray]'") from None
+        self._ray = ray
+        self.cfg = cfg
+        self._started = not ray.is_initialized()
+        if self._started:
+            env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+            kw: dict[str, Any] = {"address": address, "include_dashboard": False, "log_to_driver": not cfg.quiet,
+                                  "runtime_env": {"env_vars": env}}
+            if address is None:
+                kw["num_cpus"] = num_cpus or cpu_count()
+            ray.init(**kw)
+        total = ray.cluster_resources().get("CPU", 1)
+        self.jobs = max(1, int(total // max(1, cfg.threads)))
+        self._remote = ray.remote(_ray_task).options(
+            num_cpus=cfg.threads, num_gpus=num_gpus, max_retries=0,
+            **({"memory": memory_mb * 2**20} if memory_mb else {}))  # a scheduling request, not a cap
+
+    def submit(self, unit) -> cf.Future:
+        return self._remote.remote(unit, self.cfg).future()
+
+    def shutdown(self, *, kill: bool = False) -> None:
+        if self._started:
+            self._started = False
+            self._ray.shutdown()

@@ -1,0 +1,155 @@
+"""The clauses of a claim and their verdicts (``holds`` / ``contradicted`` / ``inconclusive`` / ``not
+measured``): a leakage clause from a paired difference and the claimed effect (with the minimum detectable effect),
+a utility clause from a stated tolerance, with utility collapse (perplexity above 10x the reference's, accuracy at
+chance) never holding. See ``bench.report.claims`` for how clauses make a claim's verdict."""
+from __future__ import annotations
+
+import math
+
+from .paired import difference, mde
+from .ranking import CHANCE_MARGIN, PERPLEXITY_FACTOR as PERPLEXITY_COLLAPSE
+from .results import Results
+from .stats import Estimate
+
+# "comparable utility": tolerated loss, absolute for accuracy-like metrics in [0, 1], else relative
+TOLERANCE = {"accuracy": ("abs", 0.05), "test_loss": ("rel", 0.05), "perplexity": ("rel", 0.10),
+             "cider": ("rel", 0.05), "fid": ("rel", 0.10), "kid": ("rel", 0.10)}
+MODEST = 0.20  # [DP-FedLoRA]: "modest" utility loss = at most 20% relative (its Table I: +18% training loss)
+NEAR_CHANCE = 0.10  # [SMP-LoRA]: "near 0.5" = within 0.1 of 0.5
+UTILITY_PREFERENCE = ("accuracy", "cider", "test_loss", "perplexity", "fid", "kid")
+LOWER = ("test_loss", "perplexity", "fid", "kid")
+# A composed epsilon above this guarantees nothing a reader would call private (e^10 ~ 2.2e4 likelihood ratio).
+MEANINGFUL_EPSILON = 10.0
+# Claimed effects, in the leakage units of the clause (AUROC distance from 0.5, or SSIM):
+FEDRAND_EFFECT = 0.0217  # [FedRand] Table 4, client view, MaxRenyi-0% caption: FedAvg 70.68 vs FedRand 68.51
+SMP_LORA_EFFECT = 0.295  # [SMP-LoRA] Table 1 (Pokemon): |AUC-0.5|/0.5 0.73 (LoRA) vs 0.14 (SMP-LoRA), halved
+DEFAULT_AUROC_EFFECT = 0.05  # smallest effect of interest where the paper states no size ([DP-FedLoRA])
+DEFAULT_SSIM_EFFECT = 0.10  # [FLRSP] gives directions only (Fig. 12)
+HOLDS, CONTRA, INCONC, NOT_MEASURED = "holds", "contradicted", "inconclusive", "not measured"
+
+
+
+
+def utility_name(key: str) -> str | None:
+    """The canonical utility a record key measures (``fid_effnetlite0`` -> ``fid``), None if none."""
+    k = key.lower()
+    return next((u for u in UTILITY_PREFERENCE if k == u or k.startswith(u + "_")), None)
+
+
+def main_utility(res: Results, recs: list[dict]) -> str:
+    """The record key of the preferred utility; raises KeyError when the records carry none of them."""
+    keys = sorted({k for r in recs for k in (r.get("utility") or {})})
+    for u in UTILITY_PREFERENCE:
+        hit = next((k for k in keys if utility_name(k) == u and not k.endswith("_std")), None)
+        if hit:
+            return hit
+    raise KeyError(f"no utility among {list(UTILITY_PREFERENCE)} (or their _<variant> forms) in the records' keys "
+                   f"{keys}")
+
+
+def _worse(mine: Estimate, ref: Estimate, key: str) -> float:
+    return (mine.value - ref.value) if utility_name(key) in LOWER else (ref.value - mine.value)
+
+
+def utility_loss(mine: Estimate, ref: Estimate, key: str) -> float:
+    """How much worse ``mine`` is than ``ref`` (positive = worse), in the tolerance's units."""
+    kind, _ = TOLERANCE.get(utility_name(key) or key, ("rel", 0.05))
+    w = _worse(mine, ref, key)
+    return w if kind == "abs" else w / max(abs(ref.value), 1e-12)
+
+
+def relative_loss(mine: Estimate, ref: Estimate, key: str) -> float:
+    return _worse(mine, ref, key) / max(abs(ref.value), 1e-12)
+
+
+def _chance(recs: list[dict]) -> float:
+    n = next(((r.get("utility") or {}).get("num_classes") for r in recs if (r.get("utility") or {}).get("num_classes")),
+             None)
+    return 1 / float(n) if n else math.nan
+
+
+def collapsed(res: Results, recs: list[dict], ref_recs: list[dict], key: str) -> str:
+    """Why ``recs``'s utility collapsed (perplexity > 10x the reference's, accuracy at chance), or ""."""
+    if utility_name(key) == "perplexity":
+        a, b = res.utility(recs, key), res.utility(ref_recs, key)
+        if a is not None and b is not None and (math.isinf(a.value) or a.value > PERPLEXITY_COLLAPSE * b.value):
+            return f"perplexity {a.value:.3g} > {PERPLEXITY_COLLAPSE:g}x {b.value:.3g}: utility collapsed"
+    if utility_name(key) == "accuracy":
+        chance = _chance(recs)
+        for who, rs in (("the reference's ", ref_recs), ("", recs)):  # a reference at chance: nothing to compare
+            e = res.utility(rs, key)
+            if e is not None and not math.isnan(chance) and abs(e.value - chance) <= CHANCE_MARGIN:
+                return f"{who}accuracy {e.value:.3f} is at chance ({chance:.3f})"
+    return ""
+
+
+def utility_clause(res: Results, recs: list[dict], ref_recs: list[dict], rule: str, ref: str) -> dict | None:
+    """``rule`` = comparable | modest: the utility of ``recs`` against ``ref_recs``' (None for rule none)."""
+    if rule == "none":
+        return None
+    key = main_utility(res, recs)
+    ua, ub = res.utility(recs, key), res.utility(ref_recs, key)
+    tasks = tuple(sorted({r["task"] for r in recs}))
+    if ua is None or ub is None:
+        return {"verdict": NOT_MEASURED, "tasks": tasks, "text": f"{key} not measured"}
+    why = collapsed(res, recs, ref_recs, key)
+    if why:
+        return {"verdict": CONTRA if not why.startswith("the reference") else INCONC, "tasks": tasks,
+                "text": f"{key} {ua.value:.3g} vs {ref} {ub.value:.3g}: {why}"}
+    if rule == "modest":
+        loss, tol, unit = relative_loss(ua, ub, key), MODEST, " (relative, modest)"
+    else:
+        kind, tol = TOLERANCE.get(utility_name(key) or key, ("rel", 0.05))
+        loss, unit = utility_loss(ua, ub, key), "" if kind == "abs" else " (relative)"
+    ok = loss <= tol
+    return {"verdict": HOLDS if ok else CONTRA, "tasks": tasks,
+            "text": f"{key} {ua.value:.3g} vs {ref} {ub.value:.3g}: {'comparable' if ok else 'worse'} "
+                    f"(loss {loss:+.3f}{unit}, tolerance {tol})"}
+
+
+def leakage_clause(d: Estimate | None, effect: float) -> tuple[str, float]:
+    """(verdict, MDE) of "leaks less by ``effect``" from the difference ``d`` = leak(mine) - leak(ref)."""
+    if d is None or not d.has_ci():
+        return NOT_MEASURED, math.nan
+    m = mde(d)
+    if d.hi < 0:
+        return HOLDS, m
+    if d.lo > 0:
+        return CONTRA, m
+    if not m <= effect:
+        return INCONC, m
+    return (CONTRA if d.lo > -effect else INCONC), m
+
+
+def _cells(res: Results, scenario: str, preset: str, defense: str, **kw) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = {}
+    for r in res.select(scenario=scenario, preset=preset, defense=defense, **kw):
+        out.setdefault((r["task"], r["attack_label"], r["view"]), []).append(r)
+    return out
+
+
+def leakage_comparisons(res: Results, scenario: str, preset: str, mine: str, ref: str, *, views: tuple[str, ...],
+                        effect: float, attack_prefix: str = "", kind: str = "membership",
+                        util_rule: str = "comparable") -> list[dict]:
+    """``mine`` leaks less than ``ref`` by ``effect`` in each shared cell (paired), with the utility clause."""
+    a, b = _cells(res, scenario, preset, mine, kind=kind), _cells(res, scenario, preset, ref, kind=kind)
+    out = []
+    for key in sorted(set(a) & set(b)):
+        task, alabel, view = key
+        if view not in views or not alabel.startswith(attack_prefix):
+            continue
+        metric = "auroc" if kind == "membership" else "ssim"
+        ea, eb = res.metric(a[key], metric), res.metric(b[key], metric)
+        if ea is None or eb is None:
+            continue
+        d = difference(res, a[key], b[key], metric, key=("claim", mine, ref) + key)
+        v, m = leakage_clause(d, effect)
+        how = "paired" if d is not None and d.method.startswith("paired") else "unpaired"
+        dtxt = d.fmt() if d is not None else "n/a"
+        out.append({"verdict": v, "tasks": (task,), "effect": effect, "mde": m,
+                    "text": f"{task} {alabel}/{view}: {metric} {ea.fmt()} vs {ref} {eb.fmt()}; leakage difference "
+                            f"{dtxt} ({how}), MDE {m:.3g} vs claimed effect {effect:.3g} -> {v}"})
+        u = utility_clause(res, a[key], b[key], util_rule, ref)
+        if u is not None:
+            out.append(u)
+    return out

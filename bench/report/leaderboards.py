@@ -1,0 +1,81 @@
+"""Leaderboards regenerated from the stored result records alone, deterministically (docs/design.md s.4).
+
+Per scenario, under ``<out>/leaderboards``: ``<scenario>.csv`` (one row per preset x task x defense
+configuration: utility, epsilon, cost, and per attack x view the headline metrics with 95% intervals,
+whether the row is in the column's best group, and how it compares with the undefended baseline),
+``<scenario>_matrix.csv`` (defenses x attacks, one cell each: the value, ``n/a`` + reason, or
+``failed`` + reason), ``<scenario>_cells.csv`` (one row per record), ``<scenario>.md`` and plots;
+across scenarios ``reported_vs_measured.csv``, ``claims.csv`` / ``claims.md``, ``README.md`` and
+``index.html``. The same records give byte-identical CSVs: rows and columns are sorted, bootstrap
+generators are seeded from the cell's identity, floats are written with ``%.6g``.
+
+Intervals (95%): membership metrics with per-candidate scores in the record are bootstrapped over
+seeds and, within each drawn seed, over members and non-members (stratified, hierarchical
+bootstrap; Efron & Tibshirani 1993, ch. 6); reconstruction metrics likewise over seeds and images.
+Without per-candidate scores a single seed keeps the record's own interval and several seeds use a
+normal approximation combining the per-seed intervals with the between-seed spread. Utility has one
+value per seed: a Student-t interval over seeds. Two rows differ only when the bootstrap interval of
+their difference excludes 0 (or, without replicates, when their intervals do not overlap).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from ..store import atomic_write_bytes
+from . import audit, claims, html, plots, reported, table4
+from .markdown import index_markdown, scenario_markdown
+from .results import Results
+from .tables import cells_table, matrix_table, scenario_table, to_csv_bytes
+
+
+def write_leaderboards(out: Path, dest: Path | None = None) -> list[Path]:
+    """Write every scenario's leaderboard files under ``dest`` (default ``<out>/leaderboards``)."""
+    out = Path(out)
+    dest = Path(dest) if dest else out / "leaderboards"
+    res = Results.load(out)
+    for (task, preset), n in sorted(res.superseded.items()):
+        print(f"leaderboard: ignored {n} records of {task} ({preset}) from a superseded task configuration "
+              f"(an earlier preset or data); they stay in {out / 'records'}", file=sys.stderr)
+    written: list[Path] = []
+    if not res.records:
+        return written
+    sections = []
+    audits: list[dict] = []
+    rvm = reported.compare(res)
+    claim_rows = claims.evaluate(res)
+    # [FedRand] Table 4 beside Table 1, measured next to reported
+    t4 = table4.table4(res) if table4.SCENARIO in res.scenarios() else None
+    for scenario in res.scenarios():
+        table, meta = scenario_table(res, scenario)
+        audits += audit.dp_rows(table, scenario)
+        matrix = matrix_table(res, scenario)
+        files = {f"{scenario}.csv": table, f"{scenario}_matrix.csv": matrix,
+                 f"{scenario}_cells.csv": cells_table(res, scenario)}
+        for name, df in files.items():
+            atomic_write_bytes(dest / name, to_csv_bytes(df))
+            written.append(dest / name)
+        plot_files = plots.scenario_plots(res, scenario, table, dest, out)
+        written += [dest / p for p in plot_files]
+        s_claims = [c for c in claim_rows if c["scenario"] == scenario]
+        s_rvm = rvm[rvm.scenario == scenario] if len(rvm) else rvm
+        md = scenario_markdown(res, scenario, table, meta, matrix, s_claims, s_rvm, plot_files)
+        if scenario == table4.SCENARIO and t4 is not None:
+            md += "\n## papers/000 Table 4 and Table 1, measured beside reported\n\n" + table4.markdown(t4)
+        atomic_write_bytes(dest / f"{scenario}.md", md.encode())
+        written.append(dest / f"{scenario}.md")
+        sections.append({"scenario": scenario, "table": table, "meta": meta, "matrix": matrix, "claims": s_claims,
+                         "reported": s_rvm, "plots": plot_files, "res": res})
+    if t4 is not None:
+        atomic_write_bytes(dest / f"{table4.SCENARIO}_table4.csv", to_csv_bytes(t4))
+        atomic_write_bytes(dest / f"{table4.SCENARIO}_table4.md", table4.markdown(t4).encode())
+        written += [dest / f"{table4.SCENARIO}_table4.csv", dest / f"{table4.SCENARIO}_table4.md"]
+    atomic_write_bytes(dest / "reported_vs_measured.csv", to_csv_bytes(rvm))
+    atomic_write_bytes(dest / "claims.csv", to_csv_bytes(pd.DataFrame(claim_rows, columns=claims.COLUMNS)))
+    atomic_write_bytes(dest / "claims.md", claims.markdown(claim_rows, audits).encode())
+    atomic_write_bytes(dest / "README.md", index_markdown(res, sections).encode())
+    atomic_write_bytes(dest / "index.html", html.page(sections, claim_rows).encode())
+    written += [dest / n for n in ("reported_vs_measured.csv", "claims.csv", "claims.md", "README.md", "index.html")]
+    return written

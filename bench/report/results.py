@@ -1,0 +1,197 @@
+"""Results loading: the records of one output directory (each task's latest configuration only), the
+naming constants shared by every table, and per-cell estimates (memoised)."""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from ..controls import Control, positive_controls
+from ..store import Store
+from .stats import Estimate, clipped, membership_estimate, sample_estimate, seed_estimate, unresolvable
+
+# the first of each kind is the primary column; the others are the secondary table (TPR at 1% and 0.1% FPR:
+# the low-FPR regime Carlini et al. 2022 argue for, [FedRand] and [SMP-LoRA] report)
+# (TPR at 5% FPR needs >= 200 non-members, at 1% 1,000, at 0.1% 10,000: below that the cell reads n/a)
+HEADLINE = {"membership": ("auroc", "tpr@0.05fpr", "tpr@0.01fpr", "tpr@0.001fpr"), "reconstruction": ("ssim", "psnr")}
+BASELINES = ("fedavg", "fedsgd", "lora")  # undefended references, by protocol
+VIEW_SHORT = {"global_model": "global", "client_model": "client", "client_update": "update",
+              "released_model": "released"}
+# utility metrics where lower is better (everything else: higher is better)
+LOWER_BETTER = ("loss", "perplexity", "fid", "kid", "error")
+UTILITY_ORDER = ("accuracy", "cider", "bleu4", "rouge", "test_loss", "perplexity", "fid", "kid")
+
+
+def lower_is_better(utility_key: str) -> bool:
+    k = utility_key.lower()
+    return any(t in k for t in LOWER_BETTER)
+
+
+# ----------------------------------------------------------------------------------------------
+# records
+
+
+def _label_keys(label: str) -> set[str]:
+    inner = label[label.find("(") + 1:-1] if label.endswith(")") and "(" in label else ""
+    return set(re.findall(r"(?:^|,)(\w+)=", inner))
+
+
+def _value_eq(raw: str, val: Any) -> bool:
+    if isinstance(val, bool):
+        return raw.lower() in (("true", "1", "yes") if val else ("false", "0", "no"))
+    if isinstance(val, (int, float)):
+        try:
+            return math.isclose(float(raw), float(val), rel_tol=1e-9, abs_tol=1e-12)
+        except ValueError:
+            return False
+    return str(val) == raw
+
+
+def spec_matches(spec: str, name: str, params: dict, label: str) -> bool:
+    """``fedper:shared_layers=4`` matches that configuration; a bare name matches the defaults only."""
+    from ..registry import parse_spec
+
+    want, kv = parse_spec(spec)
+    if want != name or not _label_keys(label) <= set(kv):
+        return False
+    return all(k in params and _value_eq(v, params[k]) for k, v in kv.items())
+
+
+def row_key(rec: dict) -> tuple:
+    return rec.get("preset", ""), rec.get("task", ""), rec.get("defense_label", "")
+
+
+def _defense_order(label: str) -> tuple:
+    name = label.split("(", 1)[0]
+    return (0 if name == "base" else 1 if name in BASELINES else 2, label)
+
+
+def current_config(records: list[dict]) -> tuple[list[dict], dict[tuple[str, str], int]]:
+    """Keep, per (task, preset), only the records of its latest task configuration (``provenance.config_hash``
+    of the most recently started record): after a preset or data change the old records stay on disk, and
+    pooling them with the new ones as if they were seeds would mix two experiments. Returns (kept records,
+    {(task, preset): number of superseded records dropped})."""
+    latest: dict[tuple[str, str], tuple[str, str]] = {}
+    for r in records:
+        prov = r.get("provenance") or {}
+        k = (r.get("task", ""), r.get("preset", ""))
+        cand = (str(prov.get("started_at") or ""), str(prov.get("config_hash") or ""))
+        if k not in latest or cand > latest[k]:
+            latest[k] = cand
+    kept, dropped = [], {}
+    for r in records:
+        k = (r.get("task", ""), r.get("preset", ""))
+        if str((r.get("provenance") or {}).get("config_hash") or "") == latest[k][1]:
+            kept.append(r)
+        else:
+            dropped[k] = dropped.get(k, 0) + 1
+    return kept, dropped
+
+
+def oracle_asr_named(rec: dict) -> dict:
+    """Records written before ``asr_oracle`` existed call it ``asr``: the best threshold chosen on the evaluation
+    set itself (optimistic). Renamed on load so it is never shown as a calibrated ASR (``asr_aux``)."""
+    if "asr" not in (rec.get("metrics") or {}) and not any("asr" in v for v in (rec.get("variants") or {}).values()):
+        return rec
+    rec = dict(rec)
+    rec["metrics"] = {("asr_oracle" if k == "asr" else k): v for k, v in (rec.get("metrics") or {}).items()}
+    rec["variants"] = {n: {("asr_oracle" if k == "asr" else k): x for k, x in v.items()}
+                       for n, v in (rec.get("variants") or {}).items()}
+    return rec
+
+
+class Results:
+    """The records of one output directory (the latest configuration of each task), with selections and
+    per-row estimates."""
+
+    def __init__(self, records: Iterable[dict]):
+        records, self.superseded = current_config([oracle_asr_named(r) for r in records])
+        self.records = sorted(records, key=lambda r: (r.get("scenario", ""), *row_key(r), r.get("attack_label", ""),
+                                                       r.get("view", ""), r.get("seed", 0), r.get("cell_id", "")))
+        self._memo: dict[tuple, Estimate | None] = {}
+        self._controls: dict[tuple[str, str], list[Control]] | None = None
+
+    def controls(self) -> dict[tuple[str, str], list[Control]]:
+        """The positive controls (``bench.controls``) per (preset, task), computed once."""
+        if self._controls is None:
+            self._controls = {}
+            for c in positive_controls(self.records):
+                self._controls.setdefault((c.preset, c.task), []).append(c)
+        return self._controls
+
+    def control_text(self, preset: str, task: str) -> str:
+        """``passed``, ``failed: <reasons>``, or ``not checked`` (no membership cell of an undefended baseline)."""
+        cs = self.controls().get((preset, task), [])
+        if not cs:
+            return "not checked"
+        bad = [f"{c.view}: {c.reason}" for c in cs if not c.passed]
+        return "failed: " + "; ".join(bad) if bad else "passed"
+
+    @classmethod
+    def load(cls, out: str | Path) -> "Results":
+        return cls(Store(out).records())
+
+    def scenarios(self) -> list[str]:
+        return sorted({r["scenario"] for r in self.records})
+
+    def select(self, *, scenario: str | None = None, task: str | None = None, preset: str | None = None,
+               defense: str | None = None, attack: str | None = None, view: str | None = None,
+               kind: str | None = None, status: str | None = "ok") -> list[dict]:
+        """Records matching every given field; ``scenario`` may also be a task id; specs as in the CLI."""
+        out = []
+        for r in self.records:
+            if scenario and scenario not in (r["scenario"], r["task"]):
+                continue
+            if (task and r["task"] != task) or (preset and r["preset"] != preset) or (view and r["view"] != view):
+                continue
+            if (kind and r.get("attack_kind") != kind) or (status and r["status"] != status):
+                continue
+            if defense and not spec_matches(defense, r["defense"], r.get("defense_params") or {}, r["defense_label"]):
+                continue
+            if attack and not spec_matches(attack, r["attack"], r.get("attack_params") or {}, r["attack_label"]):
+                continue
+            out.append(r)
+        return out
+
+    @staticmethod
+    def per_seed(recs: Sequence[dict], getter) -> list[Any]:
+        """One value per seed (the first record of each seed: utility and cost are per training run)."""
+        seen: dict[int, Any] = {}
+        for r in recs:
+            if r["seed"] not in seen:
+                seen[r["seed"]] = getter(r)
+        return [seen[s] for s in sorted(seen)]
+
+    def utility(self, recs: Sequence[dict], key: str) -> Estimate | None:
+        return clipped(self._utility(recs, key), key)
+
+    def _utility(self, recs: Sequence[dict], key: str) -> Estimate | None:
+        return seed_estimate(self.per_seed(recs, lambda r: (r.get("utility") or {}).get(key)))
+
+    def metric(self, recs: Sequence[dict], metric: str) -> Estimate | None:
+        """A headline or secondary metric of one cell (one record per seed), by kind (memoised)."""
+        key = (tuple(r.get("cell_id") for r in recs), metric)
+        if key not in self._memo:
+            self._memo[key] = clipped(self._metric(recs, metric), metric)
+        return self._memo[key]
+
+    def _metric(self, recs: Sequence[dict], metric: str) -> Estimate | None:
+        if not recs:
+            return None
+        r0 = recs[0]
+        key = (r0["preset"], r0["task"], r0["defense_label"], r0["attack_label"], r0["view"])
+        if metric.startswith("variants:"):
+            _, name, m = metric.split(":", 2)
+            if all(r.get("primary") == name for r in recs):
+                return self.metric(recs, m)
+            if all(((r.get("per_candidate") or {}).get("variants") or {}).get(name) for r in recs):
+                # the records kept this variant's per-candidate scores: bootstrap it like the primary score
+                return membership_estimate(recs, m, key=key + (name,), variant=name)
+            why = unresolvable(recs, m)
+            if why:
+                return Estimate(math.nan, n_seeds=len(recs), method="not reported", note=why)
+            return seed_estimate([(r.get("variants") or {}).get(name, {}).get(m) for r in recs])
+        if r0.get("attack_kind") == "reconstruction":
+            return sample_estimate(recs, metric, key=key)
+        return membership_estimate(recs, metric, key=key)

@@ -1,0 +1,153 @@
+"""The plan of a run before it starts: what is planned, applicable, done, and how long the rest should take.
+
+Estimates come from a per-family cost model (seconds per training run and per attack cell on one worker)
+whose rough defaults are replaced by the medians of earlier records' ``cost.train_wall_s`` /
+``cost.attack_wall_s`` in the same ``--out`` wherever there are any (same task and defense / attack).
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Rough seconds per unit on one worker thread, by preset and scenario family: (training run, membership
+# cell, reconstruction cell). Only a fallback: earlier records in --out replace them.
+DEFAULT_COST_S: dict[str, dict[str, tuple[float, float, float]]] = {
+    "smoke": {"image-cls": (2, 1, 3), "llm-text": (3, 2, 2), "vlm-caption": (4, 2, 2), "ldm-t2i": (4, 2, 2)},
+    "default": {"image-cls": (300, 60, 1500), "llm-text": (600, 120, 120), "vlm-caption": (900, 180, 180),
+                "ldm-t2i": (1200, 300, 300)},
+    "paper": {"image-cls": (3000, 600, 6000), "llm-text": (6000, 1200, 1200), "vlm-caption": (9000, 1800, 1800),
+              "ldm-t2i": (12000, 3000, 3000)},
+}
+FALLBACK = (5.0, 2.0, 5.0)
+
+
+@dataclass
+class CostModel:
+    """Seconds per training run / attack cell; learned medians keyed by (task, defense) and (task, attack, view)."""
+
+    train_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    cell_s: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    n_records: int = 0
+
+    @classmethod
+    def from_records(cls, out: Path) -> CostModel:
+        from .store import Store
+
+        train, cell = defaultdict(list), defaultdict(list)
+        n = 0
+        if (Path(out) / "records").is_dir():
+            try:
+                for r in Store(out).records():
+                    cost = r.get("cost") or {}
+                    if r.get("status") != "ok":
+                        continue
+                    n += 1
+                    if isinstance(cost.get("train_wall_s"), (int, float)):
+                        train[(r["task"], r["defense"])].append(float(cost["train_wall_s"]))
+                    if isinstance(cost.get("attack_wall_s"), (int, float)):
+                        cell[(r["task"], r["attack"], r["view"])].append(float(cost["attack_wall_s"]))
+            except Exception as e:  # noqa: BLE001 - an estimate only: say so and use the defaults
+                sys.stderr.write(f"note: cost model uses its defaults (earlier records unreadable: "
+                                 f"{type(e).__name__}: {e})\n")
+                return cls()
+        return cls({k: statistics.median(v) for k, v in train.items()},
+                   {k: statistics.median(v) for k, v in cell.items()}, n)
+
+    @staticmethod
+    def _default(task) -> tuple[float, float, float]:
+        return DEFAULT_COST_S.get(task.preset, {}).get(task.api.family, FALLBACK)
+
+    def train_cost(self, task, defense) -> float:
+        return self.train_s.get((task.id, defense.name), self._default(task)[0])
+
+    def cell_cost(self, cell) -> float:
+        learned = self.cell_s.get((cell.task.id, cell.attack.name, cell.view))
+        if learned is not None:
+            return learned
+        d = self._default(cell.task)
+        return d[1] if cell.attack.kind == "membership" else d[2]
+
+
+def group_key(cell) -> tuple[str, str, int]:
+    """Cells sharing one training run: (task and its configuration, defense config, seed)."""
+    return (f"{cell.task.id}@{cell.task.config_hash()}", cell.defense_label, cell.seed)
+
+
+@dataclass
+class Plan:
+    planned: int = 0
+    applicable: int = 0
+    done: int = 0
+    na_cells: list = field(default_factory=list)  # n/a cells not yet recorded
+    groups: dict[tuple, list] = field(default_factory=dict)  # applicable unfinished cells by group_key
+    needs_training: set = field(default_factory=set)  # group keys whose training run is not cached
+    trainings: int = 0  # distinct training runs the applicable unfinished cells use
+    est_total_s: float = 0.0  # summed over units (one worker)
+    jobs: int = 1
+    learned_from: int = 0
+
+    @property
+    def to_run(self) -> int:
+        return sum(len(g) for g in self.groups.values())
+
+    @property
+    def est_wall_s(self) -> float:
+        return self.est_total_s / max(1, self.jobs)
+
+    def render(self) -> str:
+        src = f"medians of {self.learned_from} earlier records where they exist, rough defaults otherwise" \
+            if self.learned_from else "rough per-family defaults (no earlier records in --out)"
+        return "\n".join([
+            f"plan: {self.planned} cells planned, {self.applicable} applicable "
+            f"({self.planned - self.applicable} n/a), {self.done} already done, {self.to_run} to run",
+            f"      training runs: {self.trainings} used by the cells to run, {len(self.needs_training)} to train "
+            f"({self.trainings - len(self.needs_training)} cached)",
+            f"      estimated time: {fmt_duration(self.est_wall_s)} with {self.jobs} job(s) "
+            f"({fmt_duration(self.est_total_s)} of work; {src})",
+        ])
+
+
+def fmt_duration(s: float) -> str:
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h} h {m:02d} min" if h else f"{m} min {sec:02d} s" if m else f"{sec} s"
+
+
+def training_cached(task, defense, seed: int, out: Path) -> bool:
+    from .training import cached, train_key
+
+    # cached() checks the entry's checksum and quarantines a damaged one (its training is then scheduled)
+    legacy = Path(out) / "cache" / "train" / f"{train_key(task, defense, seed)}.pt"
+    return cached(task, defense, seed, Path(out) / "cache") or legacy.exists()
+
+
+def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
+    pl = Plan(planned=len(cells), jobs=jobs, learned_from=model.n_records)
+    for c in cells:
+        pl.applicable += c.na is None
+        if store.finished(c.task.scenario, c.id):
+            pl.done += 1
+        elif c.na is not None:
+            pl.na_cells.append(c)
+        else:
+            pl.groups.setdefault(group_key(c), []).append(c)
+            pl.est_total_s += model.cell_cost(c)
+    for key, group in pl.groups.items():
+        c = group[0]
+        if c.defense is None:
+            continue
+        pl.trainings += 1
+        if not training_cached(c.task, c.defense, c.seed, store.out):
+            pl.needs_training.add(key)
+            pl.est_total_s += model.train_cost(c.task, c.defense)
+    return pl
+
+
+def plan_dict(pl: Plan) -> dict[str, Any]:
+    return {"planned": pl.planned, "applicable": pl.applicable, "done": pl.done, "to_run": pl.to_run,
+            "trainings": pl.trainings, "to_train": len(pl.needs_training), "est_wall_s": pl.est_wall_s}

@@ -1,0 +1,175 @@
+"""The result record's typed schema (version 1, README "Result records"), checked on every read and write.
+
+pydantic v2 models: numbers must be real numbers (a metric value "garbage" or NaN is rejected, not coerced),
+names that become paths (scenario, cell_id) must be plain file names, artifact paths must be relative to the
+output directory. Fields the harness adds beyond the documented ones (traceback, n_candidates, ...) pass.
+"""
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "n/a", "failed")
+VIEWS = ("global_model", "client_model", "client_update", "released_model")
+
+Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+# bench.store.jsonable writes a non-finite float as its string (e.g. epsilon "inf", perplexity "inf").
+NonFinite = Literal["nan", "inf", "-inf"]
+NonNegative = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+FileName = Annotated[str, Field(strict=True, pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")]
+
+
+class _Open(BaseModel):
+    """Documented fields typed; further fields allowed (the harness may add diagnostics)."""
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class Metric(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    value: Finite | None  # None = not reported, with the reason (e.g. TPR at an FPR the non-members cannot resolve)
+    ci_low: Finite | None = None
+    ci_high: Finite | None = None
+    reason: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Metric:
+        if self.value is None and not (self.reason or "").strip():
+            raise ValueError("a metric without a value needs a reason")
+        if self.ci_low is not None and self.ci_high is not None and self.ci_low > self.ci_high:
+            raise ValueError(f"ci_low {self.ci_low} > ci_high {self.ci_high}")
+        return self
+
+
+class Roc(_Open):
+    fpr: list[Finite]
+    tpr: list[Finite]
+
+
+class PerCandidate(_Open):
+    score: list[Finite]
+    member: list[Literal[0, 1]]
+    variants: dict[str, list[Finite]] = {}
+    id: list[StrictStr] | None = None
+
+    @model_validator(mode="after")
+    def _lengths(self) -> PerCandidate:
+        n = len(self.score)
+        lengths = {"member": len(self.member), **{f"variants.{k}": len(v) for k, v in self.variants.items()}}
+        if self.id is not None:
+            lengths["id"] = len(self.id)
+        bad = {k: v for k, v in lengths.items() if v != n}
+        if bad:
+            raise ValueError(f"{len(self.score)} scores but lengths {bad}")
+        return self
+
+
+class Privacy(_Open):
+    epsilon: NonNegative | Literal["inf"] | None = None
+    epsilon_composed: NonNegative | Literal["inf"] | None = None
+    delta: Annotated[float, Field(strict=True, gt=0, lt=1)] | None = None
+    sample_rate: Annotated[float, Field(strict=True, gt=0, le=1)] | None = None
+    note: StrictStr = ""
+
+
+class Cost(_Open):
+    bytes_up_per_round: NonNegative | None = None
+    bytes_down_per_round: NonNegative | None = None
+    params_up_per_round: NonNegative | None = None
+    rounds: Annotated[int, Field(strict=True, ge=0)] | None = None
+    train_wall_s: NonNegative | None = None
+    attack_wall_s: NonNegative | None = None
+    peak_mem_mb: NonNegative | None = None
+
+
+class Provenance(_Open):
+    code_version: StrictStr
+    config_hash: StrictStr
+    started_at: Annotated[str, Field(strict=True, pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")] | None = None
+
+
+class Record(_Open):
+    schema_version: Literal[1]
+    cell_id: FileName
+    scenario: FileName
+    task: StrictStr
+    preset: StrictStr
+    seed: Annotated[int, Field(strict=True, ge=0)]
+    defense: StrictStr
+    defense_params: dict[str, Any]
+    defense_label: StrictStr
+    attack: StrictStr
+    attack_params: dict[str, Any]
+    attack_label: StrictStr
+    attack_kind: Literal["membership", "reconstruction"]
+    view: Literal[VIEWS]  # type: ignore[valid-type]
+    status: Literal[STATUSES]  # type: ignore[valid-type]
+    reason: StrictStr | None = None
+    metrics: dict[str, Metric] = {}
+    variants: dict[str, dict[str, Finite]] = {}
+    roc: Roc | None = None
+    primary: StrictStr | None = None
+    per_sample: dict[str, list[Finite]] = {}
+    per_candidate: PerCandidate | None = None
+    n_candidates: StrictInt | None = None
+    utility: dict[str, Finite | NonFinite | None] = {}
+    privacy: Privacy = Privacy()
+    cost: Cost = Cost()
+    artifacts: dict[str, StrictStr] = {}
+    provenance: Provenance
+
+    @field_validator("artifacts")
+    @classmethod
+    def _relative(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, path in v.items():
+            p = PurePosixPath(path)
+            if p.is_absolute() or ".." in p.parts or not path:
+                raise ValueError(f"artifact {name!r} path {path!r} must be relative to the output directory")
+        return v
+
+    @model_validator(mode="after")
+    def _by_status(self) -> Record:
+        if self.status != "ok" and not (self.reason or "").strip():
+            raise ValueError(f"status {self.status!r} needs a reason")
+        if self.status == "ok":
+            if not self.metrics:
+                raise ValueError("status 'ok' needs metrics")
+            if self.attack_kind == "membership" and self.per_candidate is None:
+                raise ValueError("an ok membership record needs per_candidate")
+        return self
+
+
+def problems(err: ValidationError, *, limit: int = 4) -> str:
+    """A one-line summary of a validation error: ``field.path: message (got value)``, the first few."""
+    parts = []
+    for e in err.errors()[:limit]:
+        loc = ".".join(str(x) for x in e["loc"]) or "record"
+        got = e.get("input")
+        shown = "" if isinstance(got, (dict, list)) else f" (got {got!r:.60})"
+        parts.append(f"{loc}: {e['msg']}{shown}")
+    more = err.error_count() - limit
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def validate(record: Any) -> str | None:
+    """None when ``record`` is a valid schema-1 record, else what is wrong with it (one line)."""
+    if not isinstance(record, dict):
+        return f"a record is a JSON object, got {type(record).__name__}"
+    if record.get("schema_version") != SCHEMA_VERSION:
+        return f"schema_version {record.get('schema_version')!r}, this code reads {SCHEMA_VERSION}"
+    try:
+        Record.model_validate(record)
+    except ValidationError as e:
+        return problems(e)
+    return None

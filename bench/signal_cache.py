@@ -1,0 +1,138 @@
+"""In-memory cache of per-(model, candidate) membership signals, shared by the attacks of one cell group.
+
+Score-based attacks of the same (task, defense, seed) score the same candidates with the same model:
+the loss attack's threshold and proxy methods, the grid variants of MaxRényi, the base-model shift check
+in every view. The first computes the per-token statistics (or losses, or per-sample gradient norms) and
+the others reuse them. Keys are content hashes, never object identities: the model's key hashes its state
+(every parameter and buffer), a candidate's key its tensors / values, so a changed model or item is never
+served a stale signal. Only reductions are kept (per-token statistics, not logits), and only
+in memory: :func:`group_cache` keeps the current group's cache and drops it when the next group starts.
+"""
+from __future__ import annotations
+
+import hashlib
+import weakref
+import zlib
+from typing import Any, Callable, Hashable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+
+def _feed(h: Any, obj: Any) -> None:  # h: a hashlib hash
+    if isinstance(obj, Tensor):
+        h.update(f"T{obj.dtype}{tuple(obj.shape)}".encode())
+        h.update(_tensor_bytes(obj))
+    elif isinstance(obj, np.ndarray):
+        h.update(f"A{obj.dtype}{obj.shape}".encode())
+        h.update(np.ascontiguousarray(obj).tobytes())
+    elif isinstance(obj, dict):
+        h.update(b"D")
+        for k in sorted(obj, key=repr):
+            _feed(h, k)
+            _feed(h, obj[k])
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"L{len(obj)}".encode())
+        for v in obj:
+            _feed(h, v)
+    elif obj is None or isinstance(obj, (str, int, float, bool, bytes)):
+        h.update(f"{type(obj).__name__}:{obj!r}".encode())
+    else:  # e.g. a PIL image: its pixels and size
+        tobytes = getattr(obj, "tobytes", None)
+        if not callable(tobytes):
+            raise TypeError(f"cannot fingerprint a candidate of type {type(obj).__name__}")
+        h.update(f"O{type(obj).__name__}{getattr(obj, 'size', '')}{getattr(obj, 'mode', '')}".encode())
+        h.update(tobytes())
+
+
+def fingerprint(obj: Any) -> str:
+    """A content hash of a candidate (nested tuples / lists / dicts of tensors, arrays and scalars)."""
+    h = hashlib.blake2b(digest_size=16)
+    _feed(h, obj)
+    return h.hexdigest()
+
+
+def _tensor_bytes(t: Tensor) -> memoryview:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return memoryview(np.ascontiguousarray(t.numpy())).cast("B")
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """A content hash of a model's state: every parameter and buffer's name, dtype, shape and the CRC-32
+    of its bytes (zlib's CRC runs ~5x faster than a cryptographic hash over hundreds of MB of weights;
+    a stale hit would need every differing tensor's CRC to collide)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(type(model).__qualname__.encode())
+    for name, t in model.state_dict(keep_vars=False).items():
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|{zlib.crc32(_tensor_bytes(t))}".encode())
+    return h.hexdigest()
+
+
+class SignalCache:
+    """Signal results by (signal kind, model state hash, the candidates' hashes in order), in memory.
+
+    A whole call is the unit (not a single candidate): a batched forward pass can differ in the last bits
+    with the batch's composition (padding, GEMM blocking) and seeded randomness (diffusion noise) is drawn
+    per call, so a hit returns exactly what recomputing would, and records are the same whether or not
+    cells share a process (``--jobs``). ``kind`` names the signal and every setting it depends on (orders,
+    timesteps, batch size, seed). The model hash is memoised per model object as long as the model is not
+    modified in place (the harness never does; :meth:`forget_model` drops the memo). Results are shared
+    between callers: treat them as read-only."""
+
+    def __init__(self) -> None:
+        self._results: dict[tuple[Hashable, str, tuple[str, ...]], Any] = {}
+        self._models: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+        self.hits = 0
+        self.misses = 0
+        self.uncached = 0
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+    def model_key(self, model: nn.Module) -> str:
+        key = self._models.get(model)
+        if key is None:
+            key = self._models[model] = model_fingerprint(model)
+        return key
+
+    def forget_model(self, model: nn.Module) -> None:
+        self._models.pop(model, None)
+
+    def get(self, kind: Hashable, model: nn.Module, items: Sequence[Any], compute: Callable[[], Any]) -> Any:
+        """The cached result of this (kind, model, candidates) call, else ``compute()`` stored for the next.
+        Candidates of a type :func:`fingerprint` cannot hash are computed every time (``uncached`` counts
+        them): never shared, never wrong."""
+        try:
+            fps = tuple(fingerprint(it) for it in items)
+        except TypeError:
+            self.uncached += 1
+            return compute()
+        key = (kind, self.model_key(model), fps)
+        if key in self._results:
+            self.hits += 1
+            return self._results[key]
+        self.misses += 1
+        out = self._results[key] = compute()
+        return out
+
+
+def cached(cache: SignalCache | None, kind: Hashable, model: nn.Module, items: Sequence[Any],
+           compute: Callable[[], Any]) -> Any:
+    """``cache.get(...)``, or ``compute()`` when there is no cache."""
+    return compute() if cache is None else cache.get(kind, model, items, compute)
+
+
+_CURRENT: dict[str, Any] = {"group": None, "cache": None}
+
+
+def group_cache(group: Hashable) -> SignalCache:
+    """The cache of cell group ``group`` (e.g. (task id, defense config, seed)): the same object while
+    consecutive cells belong to the group; a new empty one (the old one dropped) when the group changes."""
+    if _CURRENT["group"] != group or _CURRENT["cache"] is None:
+        _CURRENT["group"], _CURRENT["cache"] = group, SignalCache()
+    return _CURRENT["cache"]

@@ -1,0 +1,36 @@
+"""A toy matrix run as its own process, for the kill -9 tests of tests/test_faults.py (not a test module).
+
+Usage: ``python tests/fault_run.py OUT``. Same cells as :func:`matrix` run in-process.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def matrix():
+    """(tasks, defenses, attacks, seeds): 11 cells of about a second each, membership and reconstruction."""
+    from defenses.fedavg import FedAvg
+    from defenses.fedsgd import FedSGD
+    from defenses.flrsp import FLRSP
+    from tests.toy import ToyLossMIA, ToyMeanRecon, toy_task
+
+    return [toy_task()], [FedAvg(), FLRSP(R=0.8), FedSGD()], [ToyLossMIA(), ToyMeanRecon()], [0]
+
+
+def main(out: str) -> int:
+    import torch
+
+    from bench.runner import run
+
+    torch.set_num_threads(1)
+    tasks, defenses, attacks, seeds = matrix()
+    summary = run(tasks, defenses, attacks, seeds, Path(out))
+    print(summary.counts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

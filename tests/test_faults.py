@@ -1,0 +1,330 @@
+"""Fault injection on the harness (issue 13): damaged records and caches are quarantined and redone, planted
+pickles never run, and kill -9 at random points followed by resume loses or tears nothing.
+
+The engine's own faults (hanging, exiting, memory-hungry contributed code) are in tests/test_engine.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import training
+from bench.cli import main
+from bench.runner import plan, run
+from bench.store import Store
+from bench.types import Attack, Reconstructions
+from defenses.fedavg import FedAvg
+from tests.fault_run import matrix
+from tests.toy import ToyLossMIA, ToyMeanRecon, toy_task
+
+ROOT = Path(__file__).resolve().parent.parent
+# What legitimately differs between two runs of one cell: wall times, memory, when it started.
+VOLATILE = {("cost", "train_wall_s"), ("cost", "attack_wall_s"), ("cost", "peak_mem_mb"),
+            ("provenance", "started_at"), ("provenance", "dirty")}
+
+
+def comparable(rec: dict) -> dict:
+    out = {k: v for k, v in rec.items() if k != "traceback"}
+    for a, b in VOLATILE:
+        if isinstance(out.get(a), dict):
+            out[a] = {k: v for k, v in out[a].items() if k != b}
+    return out
+
+
+def differences(a, b, path: str = "") -> list[str]:
+    """Where two JSON values differ (for failure messages)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str) for d in differences(a.get(k), b.get(k), f"{path}.{k}")]
+    return [] if a == b else [f"{path}: {str(a)[:80]} != {str(b)[:80]}"]
+
+
+def by_id(out: Path) -> dict[str, dict]:
+    return {r["cell_id"]: comparable(r) for r in Store(out).records()}
+
+
+class Payload:
+    """Unpickling this writes ``marker`` (what a planted cache file would do with real code)."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def small_run(out: Path, attacks=None):
+    task = toy_task()
+    defenses, attacks = [FedAvg()], attacks or [ToyLossMIA(), ToyMeanRecon()]
+    summary = run([task], defenses, attacks, [0], out)
+    return task, defenses[0], summary, len(plan([task], defenses, attacks, [0]))
+
+
+def test_damaged_records_are_quarantined_and_only_their_cells_redone(tmp_path, capsys, monkeypatch):
+    _, _, _, n = small_run(tmp_path)
+    before = by_id(tmp_path)
+    files = sorted((tmp_path / "records").glob("*/*.json"))
+    damage = [b"\x8f\x00random", b"[]", b'{"status": "ok"}']
+    for f, raw in zip(files, damage):
+        f.write_bytes(raw)
+    garbage = json.loads(files[3].read_text())
+    metric = next(iter(garbage.get("metrics") or {"auroc": None}))
+    garbage["metrics"] = {metric: {"value": "garbage"}}
+    garbage["status"] = "ok"
+    files[3].write_text(json.dumps(garbage))
+    mtimes = {f: f.stat().st_mtime_ns for f in files[4:]}
+
+    monkeypatch.delenv("BENCH_THREADS", raising=False)  # main() would change torch's threads (and BLAS rounding)
+    code = main(["leaderboard", "--out", str(tmp_path)])  # skips and reports them, no traceback
+    err = capsys.readouterr().err
+    _, _, summary, _ = small_run(tmp_path)  # and run redoes their cells
+
+    assert code == 0 and all(f"quarantined {f}" in err for f in files[:4])
+    assert summary.counts["skipped"] == n - 4
+    q = tmp_path / "quarantine" / files[0].parent.name
+    assert sorted(p.name for p in q.glob("*.json")) == sorted(f.name for f in files[:4])
+    assert len(list(q.glob("*.reason.txt"))) == 4
+    after = by_id(tmp_path)
+    assert after == before, differences(before, after)  # redone cells equal the originals
+    assert {f: f.stat().st_mtime_ns for f in files[4:]} == mtimes  # finished cells untouched
+
+
+@pytest.mark.parametrize("damage", ["truncate", "random", "flip"])
+def test_a_damaged_training_cache_is_discarded_and_retrained(tmp_path, damage):
+    task, defense, _, _ = small_run(tmp_path)
+    before = by_id(tmp_path)
+    stem = training.cache_stem(task, defense, 0, tmp_path / "cache")
+    tfile = stem.parent / json.loads(stem.with_name(stem.name + ".json").read_text())["tensors"]
+    data = tfile.read_bytes()
+    tfile.write_bytes({"truncate": data[: len(data) // 3], "random": os.urandom(len(data)),
+                       "flip": data[:-8] + bytes(b ^ 0xFF for b in data[-8:])}[damage])
+    for f in (tmp_path / "records").glob("*/*.json"):
+        if json.loads(f.read_text())["defense"] == "fedavg":
+            f.unlink()  # the cells that need the training run again
+
+    _, _, summary, _ = small_run(tmp_path)
+
+    assert summary.counts["failed"] == 0
+    assert (tmp_path / "quarantine" / "cache" / "train" / tfile.name).exists()
+    assert training.cached(task, defense, 0, tmp_path / "cache")  # a fresh, intact entry
+    assert by_id(tmp_path) == before
+
+
+def test_a_planted_pickle_in_the_training_cache_does_not_run(tmp_path):
+    task, defense = toy_task(), FedAvg()
+    stem = training.cache_stem(task, defense, 0, tmp_path / "cache")
+    stem.parent.mkdir(parents=True)
+    marker = tmp_path / "PWNED"
+    payload = pickle.dumps({"global_state": Payload(marker)})
+    stem.with_name(stem.name + ".pt").write_bytes(payload)  # where the former code looked (torch.load)
+    # and as the current format's tensor file, with metadata whose checksum matches the planted bytes
+    import hashlib
+
+    digest = hashlib.sha256(payload).hexdigest()
+    tname = f"{stem.name}-{digest[:12]}.safetensors"
+    (stem.parent / tname).write_bytes(payload)
+    stem.with_name(stem.name + ".json").write_text(json.dumps(
+        {"format": 1, "meta": {}, "tensors": tname, "sha256": digest, "nbytes": len(payload)}))
+
+    _, _, summary, n = small_run(tmp_path)
+
+    assert not marker.exists()
+    assert summary.counts["failed"] == 0 and summary.counts["ok"] + summary.counts["n/a"] == n
+    quarantined = {p.name for p in (tmp_path / "quarantine" / "cache" / "train").iterdir()}
+    assert {stem.name + ".json", tname} <= quarantined
+
+
+def test_a_legacy_torch_training_cache_is_converted_without_retraining(tmp_path, monkeypatch):
+    from dataclasses import asdict
+
+    first, moved = tmp_path / "first", tmp_path / "moved"  # a fresh folder: nothing held in memory applies
+    task, defense, _, _ = small_run(first)
+    before = by_id(first)
+    res = training.get_training(task, defense, 0, first / "cache")
+    stem = training.cache_stem(task, defense, 0, moved / "cache")
+    stem.parent.mkdir(parents=True)
+    torch.save(asdict(res), stem.with_name(stem.name + ".pt"))  # the former format, alone
+    monkeypatch.setattr(training, "run_federated", lambda *a, **k: pytest.fail("retrained a convertible cache"))
+
+    small_run(moved)
+
+    assert training.cached(task, defense, 0, moved / "cache")
+    assert by_id(moved) == before
+
+
+@dataclass
+class NaNRecon(Attack):
+    """Returns NaN images: the record's SSIM is NaN, which the schema refuses."""
+    name = "nan_recon"
+    views = ("client_update",)
+    kind = "reconstruction"
+
+    def run(self, obs, candidates):
+        return Reconstructions(torch.full((1, *obs.api.info["input_shape"]), float("nan")))
+
+
+def test_a_record_failing_the_schema_on_write_is_kept_as_failed_with_the_reason(tmp_path):
+    _, _, summary, _ = small_run(tmp_path, attacks=[NaNRecon()])
+
+    recs = [r for r in Store(tmp_path).records() if r["view"] == "client_update"]
+    assert recs and all(r["status"] == "failed" for r in recs)
+    assert all("metrics." in r["reason"] and "schema" in r["reason"] for r in recs)
+    assert summary.counts["failed"] == len(recs)
+
+
+def test_planted_pickles_as_ldm_base_and_vlm_projector_caches_do_not_run(tmp_path, monkeypatch):
+    from models import ldm, vlm
+
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
+    marker = tmp_path / "PWNED"
+    res0 = ldm.PretrainResult({"w": torch.ones(2)}, {"u": torch.zeros(3)}, 0.5, {"steps": 1})
+    calls = []
+    monkeypatch.setattr(ldm, "pretrain", lambda *a, **k: calls.append("ldm") or res0)
+    monkeypatch.setattr(vlm, "pretrain_projector", lambda *a, **k: calls.append("vlm") or ({"p": torch.ones(4)}, {}))
+    cfg = ldm.LDMConfig()
+
+    def pretrain_both():
+        base, _ = ldm.load_or_pretrain(cfg, {"n": 1}, lambda: (None, None, None))
+        proj, log, _ = vlm.load_or_pretrain_projector({"m": 1}, lambda: None, lambda: [], None, steps=1,
+                                                      batch_size=1, lr=0.1, seed=0)
+        return base, proj
+
+    pretrain_both()  # first build: both cached
+    assert calls == ["ldm", "vlm"]
+    dirs = [p for p in (tmp_path / "cache").glob("*/*") if p.is_dir()]
+    assert len(dirs) == 2
+    for d in dirs:  # plant a payload as the legacy file and in place of the tensor file
+        (d / ("base.pt" if d.parent.name == "ldm" else "projector.pt")).write_bytes(pickle.dumps(Payload(marker)))
+        for t in d.glob("*.safetensors"):
+            t.write_bytes(pickle.dumps(Payload(marker)))
+
+    base, proj = pretrain_both()
+
+    assert not marker.exists()
+    assert calls == ["ldm", "vlm", "ldm", "vlm"]  # the damaged caches were discarded and rebuilt
+    assert torch.equal(base.unet["u"], torch.zeros(3)) and torch.equal(proj["p"], torch.ones(4))
+    for d in dirs:
+        assert any(p.suffix == ".safetensors" for p in (d / "quarantine").iterdir())
+    pretrain_both()  # and the rebuilt entries load
+    assert len(calls) == 4
+
+
+def test_a_damaged_ldm_text_state_cache_is_set_aside(tmp_path, monkeypatch):
+    from models import ldm
+
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path))
+    marker = tmp_path / "PWNED"
+
+    class Enc:
+        def encode(self, caps):
+            return torch.ones(len(caps), 2, 3)
+
+    monkeypatch.setattr(ldm, "text_encoder", lambda cfg: Enc())
+    cfg = ldm.LDMConfig(text="minilm")
+    d = tmp_path / "ldm" / "text"
+    d.mkdir(parents=True)
+    (d / f"minilm-{cfg.text_len}.pt").write_bytes(pickle.dumps(Payload(marker)))
+
+    states = ldm.encode_captions(cfg, ["a cat", "a dog"])
+
+    assert not marker.exists() and set(states) == {"a cat", "a dog"}
+    assert (d / "quarantine" / f"minilm-{cfg.text_len}.pt").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# kill -9 at random points, then resume
+
+
+def _spawn(cmd: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "BENCH_THREADS": "1", "PYTHONHASHSEED": "0"}
+    with open(log, "ab") as f:  # a file, not a pipe: a full pipe would block the child's progress output
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=f, start_new_session=True)
+
+
+def _wait_group(proc: subprocess.Popen, timeout: float) -> None:
+    """Wait for ``proc`` and then for what it left behind in its session (e.g. worker processes finishing
+    their unit after the parent died); whatever is still there after ``timeout`` is killed."""
+    proc.wait(timeout=timeout)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _finished_files(out: Path) -> dict[Path, tuple[int, bytes]]:
+    """Records of finished cells (ok / n/a) on disk: mtime and bytes."""
+    return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in (out / "records").glob("*/*.json")
+            if json.loads(p.read_bytes())["status"] in ("ok", "n/a")}
+
+
+def kill_and_resume(cmd, out: Path, n: int, reference: dict, *, kills: int = 3, seed: int = 13) -> None:
+    """Start ``cmd`` (a run into ``out``) and kill -9 it once ``k`` records are on disk (plus jitter) for
+    ``kills`` random k in 1..n-1; check nothing finished is lost or redone and no file is torn; then let it
+    finish and compare with ``reference`` (an uninterrupted run's records)."""
+    rng = random.Random(seed)
+    log = out.parent / f"{out.name}.log"
+    landed = 0
+    for target in sorted(rng.sample(range(1, n), kills)):
+        before = _finished_files(out) if (out / "records").exists() else {}
+        proc = _spawn(cmd, log)
+        while proc.poll() is None and len(list((out / "records").glob("*/*.json"))) < target:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.5))
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            landed += 1
+        _wait_group(proc, 120)
+        after = _finished_files(out)
+        assert all(after.get(p) == v for p, v in before.items()), "a finished cell was redone or lost"
+        assert len(list(Store(out).records())) == len(list((out / "records").glob("*/*.json"))), "a torn record"
+        assert not (out / "quarantine").exists()
+    assert landed >= 2, f"the kills did not land mid-run: {log.read_text()[-2000:]}"
+    before = _finished_files(out)
+    final = _spawn(cmd, log)
+    assert final.wait(timeout=1800) == 0, log.read_text()[-2000:]
+    _wait_group(final, 60)
+    assert all(_finished_files(out).get(p) == v for p, v in before.items()), "a finished cell was redone"
+    got = by_id(out)
+    assert got == reference, differences(reference, got)[:5]  # no lost record, the same results
+
+
+def uninterrupted(cmd, out: Path) -> dict:
+    proc = _spawn(cmd, out.parent / f"{out.name}.log")
+    assert proc.wait(timeout=1800) == 0, (out.parent / f"{out.name}.log").read_text()[-2000:]
+    _wait_group(proc, 60)
+    return by_id(out)
+
+
+def test_kill_minus_9_at_random_points_then_resume_equals_an_uninterrupted_run(tmp_path):
+    run_into = lambda out: [sys.executable, str(ROOT / "tests" / "fault_run.py"), str(out)]  # noqa: E731
+    reference = uninterrupted(run_into(tmp_path / "reference"), tmp_path / "reference")
+    tasks, defenses, attacks, seeds = matrix()
+    n = len(plan(tasks, defenses, attacks, seeds))
+    assert len(reference) == n
+
+    kill_and_resume(run_into(tmp_path / "killed"), tmp_path / "killed", n, reference)
+
+
+@pytest.mark.slow
+def test_kill_minus_9_of_bench_run_on_the_smoke_preset_then_resume(tmp_path):
+    """The same through ``python -m bench run`` (its worker processes included) on a smoke slice."""
+    run_into = lambda out: [sys.executable, "-m", "bench", "run", "--preset", "smoke", "--scenario", "image-cls",  # noqa: E731
+                            "--defense", "fedavg,fedsgd", "--attack", "loss_mia", "--out", str(out), "--no-leaderboard"]
+    reference = uninterrupted(run_into(tmp_path / "reference"), tmp_path / "reference")
+    assert len(reference) >= 8
+
+    kill_and_resume(run_into(tmp_path / "killed"), tmp_path / "killed", len(reference), reference, seed=7)

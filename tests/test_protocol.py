@@ -1,0 +1,166 @@
+"""The membership protocol (bench/cells.py): candidates drawn from the seed alone and shared by every
+defense, view and the base model; the attacker's aux split disjoint and handed only to attacks that use
+it; the client view pools every client's own members; ASR thresholds chosen on aux data."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from bench.cells import assign_nonmembers, best_threshold, run_membership, split_candidates
+from bench.fl import run_federated
+from bench.runner import plan
+from bench.types import Scores
+from defenses.fedavg import FedAvg
+from defenses.flrsp import FLRSP
+from tests.toy import ToyLossMIA, toy_task
+
+
+@dataclass
+class Spy(ToyLossMIA):
+    """The toy loss attack, recording what each call observed."""
+    name = "spy"
+
+    def __post_init__(self):
+        self.calls = []
+
+    def run(self, obs, candidates):
+        self.calls.append({"public": dict(obs.public), "candidates": list(candidates), "seed": obs.seed})
+        return super().run(obs, candidates)
+
+
+@dataclass
+class AuxSpy(Spy):
+    name = "aux_spy"
+    uses_aux = True
+
+
+@pytest.fixture(scope="module")
+def trained():
+    task = toy_task()
+    return task, {d.name: (d, run_federated(task, d, seed=3)[1]) for d in (FedAvg(), FLRSP(R=0.5))}
+
+
+def _same(a, b) -> bool:
+    return torch.equal(a[0], b[0]) and a[1] == b[1]
+
+
+def test_split_depends_on_the_seed_only_and_keeps_aux_disjoint():
+    # arrange / act
+    a, b, c = split_candidates(300, 400, 250, 0), split_candidates(300, 400, 250, 0), split_candidates(300, 400, 250, 1)
+
+    # assert: reproducible, seed-dependent, evaluation capped so the aux reserve stays, aux disjoint
+    assert a == b and a.members != c.members
+    assert len(a.members) == len(a.nonmembers) == 300 - 62
+    assert not set(a.members) & set(a.aux_members) and not set(a.nonmembers) & set(a.aux_nonmembers)
+    assert len(a.aux_members) == len(a.aux_nonmembers) == 62
+
+
+def test_split_refuses_a_pool_too_small_to_leave_candidates():
+    with pytest.raises(ValueError, match="too few candidates"):
+        split_candidates(12, 400, 250, 0)
+
+
+def test_every_defense_view_and_the_base_model_score_the_same_candidate_ids(trained):
+    # arrange
+    task, runs = trained
+    ids = {}
+
+    # act
+    for view in ("global_model", "client_model"):
+        ids[("base", view)] = run_membership(task, None, ToyLossMIA(), view, None, 3)["per_candidate"]["id"]
+        for name, (d, res) in runs.items():
+            ids[(name, view)] = run_membership(task, d, ToyLossMIA(), view, res, 3)["per_candidate"]["id"]
+
+    # assert: one candidate list (same order) for every row; another seed draws other candidates
+    first = next(iter(ids.values()))
+    assert all(v == first for v in ids.values())
+    assert len(first) == 2 * 16 and sum(i.startswith("m:") for i in first) == 16
+    other = run_membership(task, None, ToyLossMIA(), "global_model", None, 4)["per_candidate"]["id"]
+    assert other != first
+
+
+def test_aux_split_reaches_only_attacks_that_use_it_and_is_disjoint_from_the_candidates(trained):
+    # arrange
+    task, runs = trained
+    d, res = runs["fedavg"]
+    plain, aux = Spy(), AuxSpy()
+
+    # act
+    run_membership(task, d, plain, "global_model", res, 3)
+    run_membership(task, d, aux, "global_model", res, 3)
+
+    # assert: the scoring call of the plain attack sees no aux data (its second call is the harness's
+    # threshold calibration on the aux split); the aux attack's aux items are never candidates
+    assert plain.calls[0]["public"] == {}
+    got = aux.calls[0]["public"]
+    assert len(got["aux_members"]) == len(got["aux_nonmembers"]) == 8
+    cands = aux.calls[0]["candidates"]
+    for item in got["aux_members"] + got["aux_nonmembers"]:
+        assert not any(_same(item, c) for c in cands)
+    assert {c["seed"] for c in plain.calls + aux.calls} == {3}
+
+
+def test_client_view_pools_every_client_fixed_across_defenses(trained):
+    # arrange
+    task, runs = trained
+    spies = {name: Spy() for name in runs}
+
+    # act
+    recs = {name: run_membership(task, d, spies[name], "client_model", res, 3) for name, (d, res) in runs.items()}
+
+    # assert: every client scored, with the same candidates per client under both defenses
+    assert all(r["clients"] == [0, 1, 2] for r in recs.values())
+    per_call = {name: [[(c[0].sum().item(), c[1]) for c in call["candidates"]] for call in s.calls[::2]]
+                for name, s in spies.items()}
+    assert per_call["fedavg"] == per_call["flrsp"]
+    assert sum(len(c) for c in per_call["fedavg"]) == 2 * 16
+
+
+def test_asr_threshold_comes_from_aux_data_and_the_oracle_is_named(trained):
+    # arrange
+    task, runs = trained
+    d, res = runs["fedavg"]
+
+    # act
+    plain = run_membership(task, d, ToyLossMIA(), "global_model", res, 3)["metrics"]
+    aux = run_membership(task, d, AuxSpy(), "global_model", res, 3)["metrics"]
+
+    # assert: no "asr" picked on the evaluation set; asr_aux for the threshold attack; none for an attack
+    # that trained on its aux data and exposed no held-out calibration scores
+    assert "asr" not in plain and "asr_oracle" in plain
+    assert 0 <= plain["asr_aux"]["ci_low"] <= plain["asr_aux"]["value"] <= plain["asr_aux"]["ci_high"] <= 1
+    assert plain["asr_aux"]["value"] <= plain["asr_oracle"]["value"] + 1e-9
+    assert "asr_aux" not in aux
+
+
+def test_calibration_scores_set_the_threshold():
+    # arrange: aux members score 2..3, non-members 0..1: any threshold in (1, 2] separates them
+    t = best_threshold(np.array([2.0, 3.0]), np.array([0.0, 1.0]))
+
+    # assert
+    assert 1.0 < t <= 2.0
+
+
+def test_nonmembers_follow_each_client_label_histogram_one_per_member():
+    # arrange: client 0 holds label-0 members, client 1 label-1 ones
+    m_labels = {0: 0, 1: 0, 2: 1, 3: 1, 4: 1}
+    n_labels = {10: 1, 11: 0, 12: 1, 13: 0, 14: 1}
+
+    # act
+    out = assign_nonmembers([[0, 1], [2, 3, 4]], m_labels, [10, 11, 12, 13, 14], n_labels)
+
+    # assert
+    assert [[n_labels[i] for i in g] for g in out] == [[0, 0], [1, 1, 1]]
+
+
+def test_plan_runs_the_base_model_in_every_membership_view():
+    task = toy_task()
+    cells = plan([task], [FedAvg()], [ToyLossMIA()], [0])
+    assert sorted(c.view for c in cells if c.defense is None) == ["client_model", "global_model"]
+
+
+def test_scores_calibration_field_defaults_empty():
+    assert Scores({"s": torch.zeros(2)}).calibration == {}

@@ -1,0 +1,178 @@
+"""Statistics and verdict machinery of the reporting (issue 11): TPR-at-FPR gating, the paired bootstrap, the
+positive-control criterion, utility collapse, escaping, and a run where every cell is n/a (constructed records)."""
+from __future__ import annotations
+
+import numpy as np
+
+from bench import controls
+from bench.bootstrap import auroc_rows, paired_groups, paired_replicates, percentile_interval
+from bench.metrics import membership_metrics, membership_point
+from bench.report import reported
+from bench.report.leaderboards import write_leaderboards
+from bench.report.paired import difference, mde, paired_difference
+from bench.report.results import Results
+from bench.report.tables import scenario_table
+from tests.test_leaderboard import rec, write
+
+
+# ----------------------------------------------------------------------------------------------
+# TPR at FPR f only with >= 10 / f non-members
+
+
+def test_tpr_at_low_fpr_is_not_reported_without_enough_non_members():
+    rng = np.random.default_rng(0)
+    s, y = rng.normal(size=400), np.array([1] * 200 + [0] * 200)
+
+    point = membership_point(s, y)
+    metrics, _ = membership_metrics(s, y, n_boot=20)
+
+    assert "tpr@0.05fpr" in point and "tpr@0.01fpr" not in point and "tpr@0.001fpr" not in point
+    assert metrics["tpr@0.05fpr"]["value"] is not None
+    assert metrics["tpr@0.01fpr"]["value"] is None
+    assert metrics["tpr@0.01fpr"]["reason"] == "n/a: needs >= 1000 non-members for FPR 0.01, has 200"
+    assert "asr_oracle" in point and "asr" not in point  # best threshold on the evaluation set: named for it
+
+
+def test_old_records_asr_is_read_as_the_oracle_asr(tmp_path):
+    r = rec()
+    r["metrics"]["asr"] = r["metrics"].pop("asr_oracle")
+
+    res = Results([r])
+
+    assert "asr_oracle" in res.records[0]["metrics"] and "asr" not in res.records[0]["metrics"]
+
+
+# ----------------------------------------------------------------------------------------------
+# paired bootstrap
+
+
+def test_the_paired_interval_of_a_row_minus_itself_is_zero():
+    recs = [rec(seed=s, strength=1.0) for s in range(3)]
+
+    d = paired_difference(recs, recs, "auroc", key="self")
+
+    assert (d.value, d.lo, d.hi) == (0.0, 0.0, 0.0)
+    assert d.method.startswith("paired") and mde(d) == 0.0
+
+
+def test_paired_interval_of_two_independent_chance_rows_covers_zero_about_95_percent():
+    rng = np.random.default_rng(1)
+    n, sims, covered = 60, 200, 0
+    y = np.array([1] * n + [0] * n)
+    for _ in range(sims):
+        a, b = rng.normal(size=2 * n), rng.normal(size=2 * n)  # no leakage in either row, independent
+        groups = [(a[y == 1], a[y == 0], b[y == 1], b[y == 0])]
+        ra, rb = paired_replicates(groups, auroc_rows, rng, 400)
+        lo, hi = percentile_interval(ra - rb)
+        covered += lo <= 0 <= hi
+
+    assert 0.9 <= covered / sims <= 0.99
+
+
+def test_without_candidate_ids_the_difference_is_unpaired_and_says_so(tmp_path):
+    res = write(tmp_path, [rec(defense="fedavg", strength=2.0, ids=False), rec(defense="x", strength=0.0, ids=False)])
+    a, b = res.select(defense="fedavg"), res.select(defense="x")
+
+    assert paired_groups(a, b) is None
+    d = difference(res, a, b, "auroc", leak=False)
+
+    assert d.method.startswith("unpaired") and d.lo > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# positive control (bench.controls: pure numpy, the harness may call it)
+
+
+def _task(fedavg_strength: float, base_strength: float, *, n: int = 64) -> list[dict]:
+    recs = [rec(defense="base", strength=base_strength, n=n)]
+    recs += [rec(defense="fedavg", strength=fedavg_strength, view=v, n=n) for v in ("global_model", "client_model")]
+    recs += [rec(defense="fedavg", attack="weak", strength=0.0, n=n)]  # the strongest attack is the one judged
+    return recs
+
+
+def test_positive_control_passes_when_the_baseline_leaks_clearly_above_the_base_model():
+    out = controls.positive_controls(_task(2.5, 0.0))
+
+    assert [(c.view, c.passed, c.attack) for c in out] == [("client_model", True, "mia"), ("global_model", True, "mia")]
+    assert all(c.paired and c.gap_lo >= controls.GAP_MIN for c in out)
+    assert controls.failures(_task(2.5, 0.0)) == []
+
+
+def test_positive_control_fails_by_auroc():
+    out = controls.positive_controls(_task(0.5, 0.0))
+
+    assert not any(c.passed for c in out)
+    assert all("< 0.75" in c.reason for c in out)
+
+
+def test_positive_control_fails_by_the_gap_over_the_base_model():
+    out = controls.positive_controls(_task(2.5, 2.3))  # the un-fine-tuned model separates them almost as well
+
+    assert not any(c.passed for c in out)
+    assert all("interval lower end" in c.reason and c.paired for c in out)
+    assert len(controls.failures(_task(2.5, 2.3))) == 2
+
+
+def test_the_leaderboard_marks_a_task_whose_baseline_fails_its_control(tmp_path):
+    write(tmp_path / "run", _task(0.5, 0.0))
+
+    write_leaderboards(tmp_path / "run", tmp_path / "lb")
+
+    md = (tmp_path / "lb" / "sc.md").read_text()
+    assert "Positive control failed for sc/a" in md
+    import pandas as pd
+    table = pd.read_csv(tmp_path / "lb" / "sc.csv")
+    assert table.positive_control.str.startswith("failed").all()
+
+
+# ----------------------------------------------------------------------------------------------
+# utility collapse, escaping, DP display, all-n/a runs, reported-vs-measured settings
+
+
+def test_a_collapsed_row_is_never_in_the_best_group_and_is_marked(tmp_path):
+    res = write(tmp_path, [rec(defense="fedavg", strength=2.0, utility={"perplexity": 20.0}),
+                           rec(defense="dp", label="dp(eps=1)", strength=0.0, utility={"perplexity": 2.2e8}),
+                           rec(defense="flrsp", label="flrsp(R=0.8)", strength=0.05, utility={"perplexity": 25.0})])
+
+    table, _ = scenario_table(res, "sc")
+
+    t = table.set_index("defense")
+    assert "perplexity" in t.loc["dp(eps=1)", "utility_collapse"]
+    assert t.loc["dp(eps=1)", "mia/global_model:auroc.best"] == 0
+    assert t.loc["flrsp(R=0.8)", "mia/global_model:auroc.best"] == 1
+    assert t.loc["fedavg", "utility_collapse"] == ""
+
+
+def test_markdown_escapes_record_strings_and_shows_epsilon_without_amplification(tmp_path):
+    priv = {"epsilon": 1.0, "epsilon_composed": 3.0, "epsilon_composed_no_amplification": 9.0, "delta": 1e-5,
+            "note": "<b>note</b>"}
+    write(tmp_path / "run", [rec(defense="fedavg"), rec(defense="dp", label="dp(eps=1)", privacy=priv),
+                             rec(defense="x", label="<script>alert(1)</script>", status="failed", reason="<img src=x>")])
+
+    write_leaderboards(tmp_path / "run", tmp_path / "lb")
+
+    md = (tmp_path / "lb" / "sc.md").read_text()
+    assert "<script>" not in md and "<img" not in md and "<b>" not in md
+    assert "&lt;script&gt;" in md
+    assert "epsilon composed (no amplification)" in md and "| 9 " in md.replace("9.00", "9 ")
+
+
+def test_a_run_where_every_cell_is_na_writes_its_leaderboard(tmp_path):
+    write(tmp_path / "run", [rec(scenario="image-cls", task="image-cls/vit", attack="max_renyi", status="n/a",
+                                 reason="needs a language model")])
+
+    written = write_leaderboards(tmp_path / "run", tmp_path / "lb")
+
+    assert (tmp_path / "lb" / "image-cls.md").is_file() and written
+    assert "needs a language model" in (tmp_path / "lb" / "image-cls.md").read_text()
+
+
+def test_reported_numbers_are_only_set_beside_measurements_of_the_same_setting(tmp_path):
+    var = {"maxrenyi_K0_a0.5_text": {"auroc": 0.7}}
+    res = write(tmp_path, [rec(scenario="llm-text", task="llm-text", attack="max_renyi", variants=var)])
+
+    out = reported.compare(res)
+
+    fortunes = out[(out.paper == "papers/000") & (out.table == "Table 4") & (out.scenario == "llm-text")]
+    assert len(fortunes) and not fortunes.same_setting.any()  # MSCOCO/NoCaps is not the fortunes text setting
+    assert out[(out.paper == "papers/000") & (out.scenario == "vlm-caption")].same_setting.all()

@@ -1,0 +1,138 @@
+"""The cell group's in-memory signal cache: a hit returns exactly what recomputing gives, a changed
+model or candidate list recomputes, and the score-based attacks give the same scores with and
+without it (the loss attack's threshold and proxy share one forward pass over the candidates)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from attacks.gradient_mia import GradientMIA
+from attacks.loss_mia import LossMIA
+from attacks.max_renyi import MaxRenyi
+from bench.signal_cache import SignalCache, fingerprint, group_cache, model_fingerprint
+from bench.types import Observation, TaskAPI
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_fingerprints_follow_content_not_identity():
+    a, b = (torch.arange(6.0), 3), (torch.arange(6.0), 3)
+    assert fingerprint(a) == fingerprint(b)
+    assert fingerprint(a) != fingerprint((torch.arange(6.0), 4))
+    assert fingerprint(torch.zeros(2, 3)) != fingerprint(torch.zeros(3, 2))
+    assert fingerprint(torch.zeros(2, dtype=torch.bfloat16)) != fingerprint(torch.zeros(2))
+    m1, m2 = nn.Linear(3, 2), nn.Linear(3, 2)
+    m2.load_state_dict(m1.state_dict())
+    assert model_fingerprint(m1) == model_fingerprint(m2)
+    with torch.no_grad():
+        m2.bias[0] += 1e-6
+    assert model_fingerprint(m1) != model_fingerprint(m2)
+
+
+def test_cache_computes_an_identical_call_once_and_recomputes_otherwise():
+    cache, calls = SignalCache(), []
+    model = nn.Linear(2, 1)
+
+    def compute(tag):
+        calls.append(tag)
+        return torch.tensor([float(len(calls))])
+
+    first = cache.get("loss", model, [1, 2], lambda: compute("a"))
+    assert cache.get("loss", model, [1, 2], lambda: compute("b")) is first
+    cache.get("loss", model, [2, 1], lambda: compute("c"))  # another order: another batch composition
+    cache.get("other", model, [1, 2], lambda: compute("d"))
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    cache.forget_model(model)  # changed in place: the memoised state hash is dropped
+    cache.get("loss", model, [1, 2], lambda: compute("e"))
+    assert calls == ["a", "c", "d", "e"] and cache.hits == 1 and cache.misses == 4
+
+
+def test_candidates_that_cannot_be_hashed_are_computed_every_time():
+    cache, model = SignalCache(), nn.Linear(2, 1)
+    opaque = [object()]
+    a = cache.get("loss", model, opaque, lambda: torch.tensor([1.0]))
+    b = cache.get("loss", model, opaque, lambda: torch.tensor([2.0]))
+    assert (a.item(), b.item()) == (1.0, 2.0) and cache.uncached == 2 and len(cache) == 0
+
+
+def test_group_cache_lives_for_one_group():
+    a = group_cache(("task", "defense", 0))
+    assert group_cache(("task", "defense", 0)) is a
+    b = group_cache(("task", "defense", 1))
+    assert b is not a and len(b) == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# attacks through the cache
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab: int = 11):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.out = nn.Embedding(vocab, 8), nn.Linear(8, vocab)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.emb(x)))
+
+
+def lm_api() -> TaskAPI:
+    def logits(model, batch, part):
+        return model(batch[:, :-1]), batch[:, 1:], torch.ones(batch.shape[0], batch.shape[1] - 1, dtype=torch.bool)
+
+    def per_sample_loss(model, batch):
+        lg, tg, _ = logits(model, batch, "text")
+        return nn.functional.cross_entropy(lg.transpose(1, 2), tg, reduction="none").mean(1)
+
+    return TaskAPI(name="tiny-lm", family="llm-text", loss=lambda m, b: per_sample_loss(m, b).mean(),
+                   per_sample_loss=per_sample_loss, collate=torch.stack, build_model=TinyLM,
+                   info={"parts": ("text",)}, logits=logits)
+
+
+def items(n: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 11, (7,), generator=g) for _ in range(n)]
+
+
+def observe(model, cache, seed=3) -> Observation:
+    return Observation("global_model", model, None, lm_api(),
+                       {"aux_members": items(10, 1), "aux_nonmembers": items(10, 2)}, seed=seed, signals=cache)
+
+
+@pytest.mark.parametrize("attack", [MaxRenyi(batch_size=4), LossMIA(method="proxy", epochs=2),
+                                    GradientMIA(n_estimators=5)], ids=["max_renyi", "loss_mia", "gradient_mia"])
+def test_attacks_score_the_same_with_and_without_the_cache(attack):
+    model, cands = TinyLM(), items(12, 0)
+    alone = attack.run(observe(model, None), cands)
+    cache = SignalCache()
+    first = attack.run(observe(model, cache), cands)
+    again = attack.run(observe(TinyLM(), cache), cands)  # a rebuilt model object with the same weights
+    assert cache.hits >= 1
+    for name, s in alone.scores.items():
+        assert torch.equal(torch.as_tensor(first.scores[name]), torch.as_tensor(s)), name
+        assert torch.equal(torch.as_tensor(again.scores[name]), torch.as_tensor(s)), name
+
+
+def test_loss_threshold_and_proxy_share_one_pass_over_the_candidates():
+    model, cands, cache = TinyLM(), items(12, 0), SignalCache()
+    LossMIA(method="threshold").run(observe(model, cache), cands)
+    LossMIA(method="proxy", epochs=2).run(observe(model, cache), cands)
+    assert cache.hits == 1 and cache.misses == 2  # candidates shared; the proxy's aux computed once
+
+
+def test_attack_randomness_follows_the_cell_seed():
+    model, cands = TinyLM(), items(12, 0)
+    attack = LossMIA(method="proxy", epochs=3, lr=1e-2)
+    a, b, c = (attack.run(observe(model, None, seed=s), cands).scores["proxy"] for s in (3, 4, 3))
+    assert torch.equal(a, c) and not torch.equal(a, b)
+    assert not any(f.name == "seed" for f in dataclasses.fields(LossMIA))
