@@ -140,6 +140,7 @@ class Unit:
     skeleton: dict | None = None
     cost: float = 1.0  # estimated seconds (progress weight)
     device: str = "cpu"  # where the worker builds models (bench.device; resolved by the CLI)
+    registered: tuple[str, str] = ("", "")  # registry names of the defense / attack classes (see execute_unit)
 
     def portable(self) -> Unit:
         t = self.task
@@ -148,7 +149,8 @@ class Unit:
                 raise ValueError(f"task {t.id} has no `source` builder, so a worker process cannot rebuild it; "
                                  f"run it with the inline executor")
             t = TaskRef(t.source, t.id, t.config_hash())
-        return replace(self, task=t)
+        names = (self.defense.name if self.defense is not None else "", self.attack.name if self.attack is not None else "")
+        return replace(self, task=t, registered=names)
 
 
 _TASKS: dict[tuple[str, str], Task] = {}  # per worker process: tasks rebuilt from their TaskRef
@@ -217,6 +219,9 @@ def execute_unit(unit: Unit) -> dict:
     out = Path(unit.out)
     base = {"key": unit.key, "kind": unit.kind, "restart": False}
     try:
+        for obj, key in ((unit.defense, unit.registered[0]), (unit.attack, unit.registered[1])):
+            if obj is not None and key and not type(obj).name:  # an entry point's class is named by the
+                type(obj).name = key  # parent's registry; a worker imports the bare class
         task = on_device(resolve_task(unit.task), unit.device)
         _seed_all(unit.seed)
         if unit.kind == "train":

@@ -211,3 +211,22 @@ def test_bench_check_reports_broken_defenses_and_passes_a_packaged_one(contrib_d
     assert any("train" in ln and "exploded" in ln for ln in fails), bad.stdout
     assert good.returncode == 0, good.stdout + good.stderr
     assert "all checks passed" in good.stdout and "clip_pkg(clip=0.5)" in good.stdout
+
+
+@pytest.mark.slow
+def test_an_entry_point_defense_keeps_its_registered_name_in_worker_processes(tmp_path):
+    # arrange: a defense installed as a package entry point (its class is named by the parent's registry)
+    pkg = tmp_path / "site"
+    pkg.mkdir()
+    _dist_info(pkg, "contrib_clip_pkg", template().replace("@register_defense\n", ""))
+    out = tmp_path / "results"
+
+    # act: the cells run in worker processes, which import the bare class
+    ran = bench("run", "--scenario", SCENARIO, "--preset", "smoke", "--defense", "clip_pkg:clip=0.5", "--attack",
+                "loss_mia:method=threshold", "--out", str(out), "--no-leaderboard", cwd=tmp_path, pythonpath=str(pkg))
+
+    # assert
+    assert ran.returncode == 0, ran.stderr
+    recs = [json.loads(p.read_text()) for p in (out / "records").glob("*/*.json")]
+    mine = [r for r in recs if r["defense"] != "base"]
+    assert mine and all(r["defense"] == "clip_pkg" and r["defense_label"].startswith("clip_pkg(") for r in mine)
