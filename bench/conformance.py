@@ -378,20 +378,28 @@ def defense_report(defense: Defense, scenario: str | None, *, rounds: int = ROUN
     return report
 
 
+def _configs_or_report(registry, name_or_path: str, scenario: str | None, out: TextIO) -> list | None:
+    """The configurations ``name_or_path`` expands to; None after printing a FAIL block when it does not import
+    (bad user input, e.g. an unknown scenario or malformed spec, still raises UsageError: exit 2)."""
+    if scenario:
+        SCENARIOS.get(scenario)
+    try:
+        return expand(registry, name_or_path)
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - e.g. the contributed file does not import: reported as a FAIL
+        print(f"bench check: {name_or_path}\n  FAIL  import             {type(e).__name__}: {e}\n"
+              "  result: 1 check(s) failed", file=out)
+        return None
+
+
 def check_defense(name_or_path: str, scenario: str | None = None, *, out: TextIO | None = None,
                   rounds: int = ROUNDS, budget_s: float = TIME_BUDGET_S, timeout_s: float = CHECK_TIMEOUT_S) -> int:
     """``python -m bench check --defense``: every configuration the spec expands to, each in a child
     process with ``timeout_s`` of wall clock (see ``isolated_reports``); 0 if all pass, else 1."""
     out = out or sys.stdout
-    if scenario:
-        SCENARIOS.get(scenario)
-    try:
-        configs = expand(DEFENSES, name_or_path)
-    except UsageError:
-        raise
-    except Exception as e:  # noqa: BLE001 - e.g. the contributed file does not import
-        print(f"bench check: {name_or_path}\n  FAIL  import             {type(e).__name__}: {e}\n"
-              "  result: 1 check(s) failed", file=out)
+    configs = _configs_or_report(DEFENSES, name_or_path, scenario, out)
+    if configs is None:
         return 1
     return isolated_reports("defense", configs, scenario, out=out, timeout_s=timeout_s, rounds=rounds,
                             budget_s=budget_s)
@@ -564,14 +572,7 @@ def check_attack(name_or_path: str, scenario: str | None = None, *, out: TextIO 
                  timeout_s: float = CHECK_TIMEOUT_S) -> int:
     """``python -m bench check --attack``: every configuration, each isolated like a defense's; 0 if all pass."""
     out = out or sys.stdout
-    if scenario:
-        SCENARIOS.get(scenario)
-    try:
-        configs = expand(ATTACKS, name_or_path)
-    except UsageError:
-        raise
-    except Exception as e:  # noqa: BLE001 - e.g. the contributed file does not import
-        print(f"bench check: {name_or_path}\n  FAIL  import             {type(e).__name__}: {e}\n"
-              "  result: 1 check(s) failed", file=out)
+    configs = _configs_or_report(ATTACKS, name_or_path, scenario, out)
+    if configs is None:
         return 1
     return isolated_reports("attack", configs, scenario, out=out, timeout_s=timeout_s)
