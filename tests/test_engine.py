@@ -163,7 +163,8 @@ def test_ray_executor_gives_the_local_executors_metrics(tmp_path):
 
     cfg = WorkerConfig(threads=1, timeout_s=300)
     defenses = [FedAvg()]
-    run([task()], defenses, ATTACKS, [0], tmp_path / "local", executor=InlineExecutor())
+    # the reference runs in a one-thread worker too: summation order depends on the thread count
+    run([task()], defenses, ATTACKS, [0], tmp_path / "local", executor=LocalExecutor(1, cfg))
 
     run([task()], defenses, ATTACKS, [0], tmp_path / "ray", executor=RayExecutor(cfg, num_cpus=2))
 
