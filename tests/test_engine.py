@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from bench.executors import InlineExecutor, LocalExecutor, WorkerConfig, default_threads
+from bench.executors import LocalExecutor, WorkerConfig, default_threads
 from bench.runner import plan, run
 from bench.store import Store
 from defenses.fedavg import FedAvg
