@@ -30,7 +30,7 @@ from torch import Tensor
 
 from attacks.inverting_gradients import box, infer_labels, update_direction
 from bench.registry import register_attack
-from bench.types import Attack, NotApplicable, Observation, Reconstructions, TaskAPI
+from bench.types import Attack, NotApplicable, Observation, Reconstructions, TaskSpec
 
 
 @register_attack
@@ -42,17 +42,17 @@ class April(Attack):
     views = ("client_update",)
     kind = "reconstruction"
     paper = "Lu et al. 2022 (APRIL); [FLRSP] Eq. 1-3"
+    requires = ("image", "vit")  # the TaskAPI fields it reads (tests/test_scenario_conformance.py)
 
     boxed: bool = True  # clamp the solution to the valid pixel range (the attacker knows it)
     driver: Literal["gels", "gelsy", "gelsd", "gelss"] = "gelsd"  # torch.linalg.lstsq driver (CPU; gelsd handles rank deficiency)
 
-    def applies(self, api: TaskAPI) -> str | None:
-        info = api.info
-        if info.get("arch") != "vit":
-            return f"APRIL needs a vision transformer (arch is {info.get('arch')!r})"
-        if not info.get("pos_embed_param"):
+    def applies(self, api: TaskSpec) -> str | None:
+        if api.arch != "vit":
+            return f"APRIL needs a vision transformer (arch is {api.arch!r})"
+        if api.vit is None:
             return "APRIL needs a learnable positional embedding (the model has none)"
-        if "input_shape" not in info:
+        if api.image is None:
             return "the task does not publish its input shape"
         return None
 
@@ -62,19 +62,20 @@ class April(Attack):
             raise NotApplicable(reason)
         if obs.model is None or obs.message is None:
             raise ValueError("APRIL needs the global model and the client's message")
-        batch = int(obs.public.get("num_samples") or obs.message.num_samples or 1)
+        batch = int(obs.public.num_samples or obs.message.num_samples or 1)
         if batch != 1:
             raise NotApplicable(f"closed-form APRIL needs a batch of one image (the update is from {batch})")
-        info = obs.api.info
-        shape = tuple(info["input_shape"])
+        image, vit = obs.api.image, obs.api.vit
+        assert image is not None and vit is not None  # applies() checked both
+        shape = tuple(image.input_shape)
         grads, how = update_direction(obs)
-        labels, label_source = infer_labels(grads, obs.model, info.get("num_classes"), 1)
+        labels, label_source = infer_labels(grads, obs.model, image.num_classes, 1)
         details: dict[str, Any] = {"message_kind": how["kind"], "label_source": label_source}
         if how["kind"] == "weights" and how["local_steps"] > 1:
             details["approximate"] = f"{how['local_steps']} local steps: the update is not one gradient"
 
-        pos_name = info["pos_embed_param"]
-        patch_name = _weight_name(info.get("patch_embed_param") or "patch_embed.proj.weight", grads, obs.model)
+        pos_name = vit.pos_embed_param
+        patch_name = _weight_name(vit.patch_embed_param or "patch_embed.proj.weight", grads, obs.model)
         failure = None
         if pos_name not in grads:
             failure = "no positional-embedding gradient"

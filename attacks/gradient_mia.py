@@ -2,7 +2,7 @@
 Attacks against Diffusion Models") as replicated in [SMP-LoRA] App. G.
 
 For each sample: the loss (for a diffusion model averaged over ten uniformly spaced timesteps, via the
-``api.info["loss_at_timestep"]`` hook of ``bench.signals``; else ``api.per_sample_loss``) is
+``api.diffusion_ops`` hook of ``bench.signals``; else ``api.per_sample_loss``) is
 back-propagated once; the L2 norm of the gradient of every trainable parameter tensor (the LoRA
 matrices of an adapted model; all parameters if none is trainable) is one feature. A gradient-boosted
 tree classifier (scikit-learn's, standing in for the paper's XGBoost) is trained on aux members vs aux
@@ -44,6 +44,7 @@ class GradientMIA(Attack):
     kind = "membership"
     paper = "[SMP-LoRA] App. G (GSA1 of Pang et al. 2023): per-layer gradient norms + gradient boosting"
     uses_aux = True  # the classifier trains on the attacker's aux members / non-members
+    budget = {"n_estimators": 10}  # a conformance run's caps (bench.conformance.cap_budget)
 
     def __post_init__(self) -> None:
         if self.n_estimators < 1 or self.max_depth < 1 or self.learning_rate <= 0:

@@ -7,7 +7,7 @@ boxed to the valid pixel range; labels come from the last layer (Zhao et al. 202
 2021 for batches). [FLRSP] Eq. 4-5 describe this attack as "adversarial optimisation" and
 run it with Adam, lr 1e-4, 24,000 iterations; the defaults here follow the Inverting Gradients
 preset (lr 0.1, step decay); the iteration count defaults to the scenario's
-``info["inversion_iterations"]`` (300 where a task gives none).
+``api.image.inversion_iterations`` (300 where a task gives none).
 
 Each target is optimised on its own with plain autograd: the client's gradient with ``create_graph``
 w.r.t. the matched parameters only, the cosine as per-tensor dot products against target norms
@@ -18,9 +18,8 @@ was measured slower per target-iteration on ResNet34 and the ViT (1.5x), so targ
 the engine runs cells in parallel processes instead. The cell seed (``obs.seed``) seeds the start.
 
 Modelling choices (documented for the leaderboard reader):
-- The model is inverted in the mode the client used: ``model_mode="auto"`` reads
-  ``obs.public["model_mode"]`` and defaults to "train" (``bench.fl`` computes updates in train
-  mode). Train-mode BatchNorm normalises with the batch's own statistics; when a layer has a single
+- The model is inverted in the mode the client used: ``model_mode="auto"`` means "train" (``bench.fl``
+  computes updates in train mode). Train-mode BatchNorm normalises with the batch's own statistics; when a layer has a single
   value per channel (batch 1, 1x1 feature map) torch refuses it in train mode, so the client could
   not have used it either: the attack then falls back to eval mode and says so. Note: with batch 1,
   train-mode BatchNorm is an instance norm at every layer and inversion converges far more slowly
@@ -46,7 +45,7 @@ from torch.func import functional_call, replace_all_batch_norm_modules_
 from torch.nn import functional as F
 
 from bench.params import param
-from bench.progress import progress
+from bench.progress import nested, progress
 from bench.registry import register_attack
 from bench.types import Attack, Observation, Reconstructions, TaskAPI
 
@@ -67,10 +66,10 @@ def update_direction(obs: Observation) -> tuple[dict[str, Tensor], dict[str, Any
         return {n: t.detach().float() for n, t in msg.tensors.items()}, {"kind": "gradient", "local_steps": 1}
     if msg.kind != "weights":
         raise ValueError(f"unknown message kind {msg.kind!r}; expected 'gradient' or 'weights'")
-    glob = dict(obs.public.get("global_state") or {})
+    glob = dict(obs.public.global_state or {})
     model_params = dict(obs.model.named_parameters()) if obs.model is not None else {}
-    lr = float(obs.public.get("lr") or 1.0)
-    steps = max(1, int(obs.public.get("local_steps") or 1))
+    lr = float(obs.public.lr or 1.0)
+    steps = max(1, int(obs.public.local_steps or 1))
     out = {}
     for n, w in msg.tensors.items():
         g0 = glob.get(n, model_params.get(n))
@@ -134,8 +133,8 @@ def infer_labels(grads: Mapping[str, Tensor], model: nn.Module, num_classes: int
 
 def box(api: TaskAPI, channels: int) -> tuple[Tensor, Tensor]:
     """Valid range of a normalised input: pixel values in [0, 1] through ``(v - mean) / std``."""
-    mean = torch.as_tensor(api.info.get("mean", [0.0] * channels), dtype=torch.float).reshape(-1, 1, 1)
-    std = torch.as_tensor(api.info.get("std", [1.0] * channels), dtype=torch.float).reshape(-1, 1, 1)
+    mean = torch.as_tensor(list(api.image.mean) if api.image else [0.0] * channels, dtype=torch.float).reshape(-1, 1, 1)
+    std = torch.as_tensor(list(api.image.std) if api.image else [1.0] * channels, dtype=torch.float).reshape(-1, 1, 1)
     return (0 - mean) / std, (1 - mean) / std
 
 
@@ -206,8 +205,11 @@ class InvertingGradients(Attack):
     views = ("client_update",)
     kind = "reconstruction"
     paper = "Geiping et al. 2020 (Inverting Gradients); [FLRSP] Eq. 4-5"
+    budget = {"iterations": 10, "restarts": 1}  # a conformance run's caps (bench.conformance.cap_budget)
+    requires = ("image",)  # the TaskAPI fields it reads (tests/test_scenario_conformance.py)
 
-    iterations: int | None = param(None, ge=1, le=1_000_000)  # None: the scenario's (info["inversion_iterations"]; 24,000 in paper)
+    # None: the scenario's (api.image.inversion_iterations; 24,000 in paper)
+    iterations: int | None = param(None, ge=1, le=1_000_000)
     lr: float = param(0.1, gt=0.0, le=1e3)
     tv: float = param(0.2, ge=0.0, le=1e3)  # total-variation weight
     restarts: int = param(1, ge=1, le=100)
@@ -229,7 +231,7 @@ class InvertingGradients(Attack):
     def applies(self, api: TaskAPI) -> str | None:
         if api.family != "image-cls":
             return f"inverting gradients here inverts image classifiers (family is {api.family})"
-        if "input_shape" not in api.info:
+        if api.image is None:
             return "the task does not publish its input shape"
         return None
 
@@ -239,7 +241,8 @@ class InvertingGradients(Attack):
     def run_batch(self, observations: list[Observation]) -> list[Reconstructions]:
         """Reconstruct every observation's inputs, one target at a time (module doc: jointly
         optimising targets with ``vmap`` was slower per target-iteration on ResNet34 and the ViT)."""
-        return [self._optimise(self._prepare(o)) for o in observations]
+        return [self._optimise(self._prepare(o))  # the unit's main loop: the run's bar follows the targets
+                for o in progress(observations, desc="targets", leave=False, unit=True)]
 
     # -- preparation ------------------------------------------------------------------------
 
@@ -256,11 +259,11 @@ class InvertingGradients(Attack):
             src = info.get("zero_weights") if info["kind"] == "weights" else None
             masks = {n: ~(src[n] if src is not None else targets[n] == 0) for n in names}
             targets = {n: torch.where(masks[n], targets[n], torch.zeros(())) for n in names}
-        batch = int(obs.public.get("num_samples") or obs.message.num_samples or 1)
-        labels, source = infer_labels(targets, obs.model, obs.api.info.get("num_classes"), batch)
+        batch = int(obs.public.num_samples or obs.message.num_samples or 1)
+        labels, source = infer_labels(targets, obs.model, obs.api.image.num_classes if obs.api.image else None, batch)
         unroll = info["local_steps"] if (info["kind"] == "weights" and self.unroll_local_steps) else 1
         info.pop("zero_weights", None)
-        mode = self.model_mode if self.model_mode != "auto" else str(obs.public.get("model_mode") or "train")
+        mode = self.model_mode if self.model_mode != "auto" else "train"
         if mode not in ("train", "eval"):
             raise ValueError(f"model_mode must be train or eval, got {mode!r}")
         return _Job(obs, {n: targets[n] for n in names}, masks, labels, source, info, names, batch, unroll,
@@ -279,9 +282,10 @@ class InvertingGradients(Attack):
         return torch.zeros(size)
 
     def _optimise(self, job: _Job) -> Reconstructions:
-        its = self.iterations or int(job.obs.api.info.get("inversion_iterations", 300))
+        image = job.obs.api.image
+        its = self.iterations or (image.inversion_iterations if image is not None else 300)
         results = []
-        for r in range(self.restarts):
+        for r in nested(range(self.restarts)):
             run = self.start(job, restart=r, iterations=its)
             desc = "inverting gradients" + (f" (restart {r + 1}/{self.restarts})" if self.restarts > 1 else "")
             for _ in progress(range(its), desc=desc, leave=False):
@@ -297,7 +301,7 @@ class InvertingGradients(Attack):
     def start(self, job: _Job, *, restart: int, iterations: int) -> _Run:
         """Set up one restart's optimisation (model copy, target norms, dummy, optimiser)."""
         api = job.obs.api
-        shape = tuple(api.info["input_shape"])
+        shape = tuple(api.image.input_shape)
         model, mode = attacker_copy(job.obs.model, job.mode)
         mode_note = mode
         if mode == "train" and not _forward_ok(model, shape, job.batch):

@@ -3,7 +3,7 @@ a learned attack model h' on the loss signal.
 
 - ``threshold``: score = -loss (white-box loss-based MIA of Hu & Pang 2023 / Matsumoto et al. 2023, as
   used by [SMP-LoRA]: members have a lower adaptation loss). With a diffusion timestep hook
-  (``api.info["loss_at_timestep"]``, see ``bench.signals``) the loss is taken at ``timesteps`` stratified
+  (``api.diffusion_ops``, see ``bench.signals``) the loss is taken at ``timesteps`` stratified
   steps: the mean is the primary score and each step's loss is reported as ``loss_t<step>``.
 - ``proxy``: a fresh attack model h' of the proxy's shape, a 3-layer MLP [512, 256, 2] with a softmax
   output ([SMP-LoRA] App. E), trained for 100 epochs with Adam on D_aux = aux members vs aux
@@ -86,11 +86,11 @@ def fit_attack_mlp(x_members: Tensor, x_nonmembers: Tensor, *, hidden: Sequence[
 
 
 def aux_sets(obs: Observation, attack: str) -> tuple[list[Any], list[Any]]:
-    m = list(obs.public.get("aux_members") or [])
-    n = list(obs.public.get("aux_nonmembers") or [])
+    m = list(obs.public.aux_members)
+    n = list(obs.public.aux_nonmembers)
     if not m or not n:
-        raise ValueError(f"{attack} needs attacker-known labelled data: obs.public['aux_members'] and "
-                         f"obs.public['aux_nonmembers'] (got {len(m)} and {len(n)} items)")
+        raise ValueError(f"{attack} needs attacker-known labelled data: obs.public.aux_members and "
+                         f"obs.public.aux_nonmembers (got {len(m)} and {len(n)} items)")
     return m, n
 
 
@@ -98,7 +98,7 @@ def aux_sets(obs: Observation, attack: str) -> tuple[list[Any], list[Any]]:
 @dataclass
 class LossMIA(Attack):
     method: Literal["threshold", "proxy"] = "threshold"
-    timesteps: int = param(10, ge=0, le=1000)  # diffusion steps the loss is taken at (only with api.info["loss_at_timestep"])
+    timesteps: int = param(10, ge=0, le=1000)  # diffusion steps the loss is taken at (only with api.diffusion_ops)
     epochs: int = param(100, ge=1, le=10_000)  # h' training epochs ([SMP-LoRA] App. E)
     lr: float = param(1e-5, gt=0.0, le=10.0)  # Adam learning rate of h' ([SMP-LoRA] App. E)
     train_batch: int = param(32, ge=2, le=4096)  # h' batch (half members, half non-members)
@@ -109,6 +109,7 @@ class LossMIA(Attack):
     kind = "membership"
     grid = ({"method": "threshold"}, {"method": "proxy"})
     paper = "[SMP-LoRA] (Luo et al.), s.4 and App. E: loss-based MIA and the [512, 256, 2] attack model"
+    budget = {"epochs": 5}  # a conformance run's caps (bench.conformance.cap_budget)
 
     @property
     def uses_aux(self) -> bool:  # type: ignore[override]

@@ -64,6 +64,7 @@ class MaxRenyi(Attack):
     views = ("global_model", "client_model", "released_model")
     kind = "membership"
     paper = "[FedRand] Eq. 11 (MaxRényi-K%, Li et al. 2024); Min-K% prob (Shi et al. 2024)"
+    requires = ("logits", "parts")  # the TaskAPI fields it reads (tests/test_scenario_conformance.py)
 
     def __post_init__(self) -> None:
         if not self.alphas:
@@ -77,7 +78,7 @@ class MaxRenyi(Attack):
                              f"ks={self.ks} and alphas={self.alphas}")
 
     def applies(self, task: TaskAPI) -> str | None:
-        if task.logits is None:
+        if not task.parts:  # the LM logits' slices: declared iff api.logits
             return "needs a language-model head (api.logits)"
         return None
 
@@ -101,7 +102,7 @@ class MaxRenyi(Attack):
         items = list(candidates or [])
         if not items:
             raise ValueError("max_renyi needs candidates to score")
-        parts = list(obs.api.info.get("parts", ("text",)))
+        parts = list(obs.api.parts or ("text",))
         signals = token_signals(obs.api, obs.model, items, alphas=self.alphas, mod_alphas=self.mod_alphas,
                                 batch_size=self.batch_size, chunk_rows=self.chunk_rows, parts=parts,
                                 desc=f"max_renyi {obs.view}", cache=obs.signals)

@@ -16,10 +16,11 @@ from torch.utils.data import ConcatDataset, Subset
 from .fl import TrainResult, client_model_state, current, load_state
 from .metrics import membership_metrics, membership_point, mean_ci, reconstruction_metrics, to_unit
 from .figures import save_grid
+from .reference import Reference
 from .signal_cache import group_cache
 from .task import Task
 from .training import build_trained_model
-from .types import Attack, ClientState, Defense, Observation, Reconstructions, RoundCtx, Scores
+from .types import Attack, ClientState, Defense, Observation, Public, Reconstructions, RoundCtx, Scores
 
 
 def _items(ds) -> list[Any]:
@@ -122,18 +123,6 @@ def view_split(task: Task, view: str, n_members: int, seed: int) -> CandidateSpl
     pm, pn, am, an = pick(em), pick(en), pick(rm), pick(rn)
     a = min(len(am), len(an), e)
     return CandidateSplit(pm[:e], pn[:e], am[:a], an[:a])
-
-
-def membership_sets(task: Task, defense: Defense | None, view: str, client: int, seed: int):
-    """((members, non-members), (aux members, aux non-members)) as items for one model scoring the whole
-    view (the conformance checks); ``defense`` and ``client`` are unused, the split depends on the seed."""
-    if task.nonmembers is None:
-        raise ValueError(f"task {task.id} has no held-out non-members")
-    pool = member_pool(task, view)
-    s = view_split(task, view, len(pool), seed)
-    pick = lambda ds, idx: [ds[i] for i in idx]  # noqa: E731
-    return ((pick(pool, s.members), pick(task.nonmembers, s.nonmembers)),
-            (pick(pool, s.aux_members), pick(task.nonmembers, s.aux_nonmembers)))
 
 
 def candidate_ids(split: CandidateSplit) -> list[str]:
@@ -252,7 +241,7 @@ def _np(t) -> np.ndarray:
 
 
 def run_membership(task: Task, defense: Defense | None, attack: Attack, view: str, train: TrainResult | None,
-                   seed: int) -> dict:
+                   seed: int, *, cache_root: Path | None = None) -> dict:
     """Score the seed's candidates; ``defense`` None = the un-fine-tuned base model (shift check), on the
     same candidates in every view.
 
@@ -273,10 +262,8 @@ def run_membership(task: Task, defense: Defense | None, attack: Attack, view: st
     for part in parts:
         cands = [("m", i) for i in part.members] + [("n", i) for i in part.nonmembers]
         order = np.random.default_rng([seed, 1 + (part.client or 0)]).permutation(len(cands))
-        public = {"aux_members": [pool[i] for i in part.aux[0]],
-                  "aux_nonmembers": [task.nonmembers[i] for i in part.aux[1]]} if uses_aux else {}
-        obs = Observation(view=view, model=part.model, message=None, api=task.api, public=public, seed=seed,
-                          signals=group_cache((task.id, repr(defense), seed)))  # shared per-candidate signals
+        obs = membership_observation(task, defense, attack, view, part, pool, seed, cache_root=cache_root)
+        reference = obs.reference
         torch.manual_seed(seed)
         out = attack.run(obs, [item(cands[o]) for o in order])
         if not isinstance(out, Scores):
@@ -308,10 +295,26 @@ def run_membership(task: Task, defense: Defense | None, attack: Attack, view: st
     if kept:
         per_candidate["variants"] = kept
     clients = [p.client for p in parts if p.client is not None]
-    return {"metrics": metrics, "variants": variants, "roc": roc, "primary": primary,
+    extra = {"reference": reference.used} if reference is not None else {}  # what the attacker was assumed to know
+    return {**extra, "metrics": metrics, "variants": variants, "roc": roc, "primary": primary,
             "per_candidate": per_candidate, "clients": clients if view == "client_model" else None,
             "n_candidates": len(y), "n_members": int(y.sum()), "n_nonmembers": int(len(y) - y.sum()),
             "n_aux": [len(split.aux_members), len(split.aux_nonmembers)] if uses_aux else [0, 0]}
+
+
+def membership_observation(task: Task, defense: Defense | None, attack: Attack, view: str, part: Part, pool,
+                           seed: int, *, cache_root: Path | None = None) -> Observation:
+    """What a membership attack observes for one scoring model (``part``): the model, the aux split in
+    ``public`` only when it ``uses_aux``, reference models when it ``uses_reference``, the shared signals."""
+    uses_aux = bool(getattr(attack, "uses_aux", False))
+    public = Public(aux_members=[pool[i] for i in part.aux[0]],
+                    aux_nonmembers=[task.nonmembers[i] for i in part.aux[1]]) if uses_aux else Public()
+    # reference-model attacks ([RMIA]): reference models of this view / client, cached under cache_root
+    reference = Reference(task, defense, view, part.client, seed, cache_root) \
+        if getattr(attack, "uses_reference", False) else None
+    return Observation(view=view, model=part.model, message=None, api=task.api, public=public, seed=seed,
+                       signals=group_cache((task.id, repr(defense), seed)),  # shared per-candidate signals
+                       reference=reference)
 
 
 def _aux_threshold(attack: Attack, out: Scores, obs: Observation, part: Part, pool, task: Task, seed: int,
@@ -353,8 +356,8 @@ def probe_observations(task: Task, defense: Defense, seed: int) -> tuple[list[Ob
         load_state(work, state0)
         msg = defense.client_step(ClientState(1000 + i, work, [item], {}), ctx)
         observations.append(Observation(view="client_update", model=copy.deepcopy(model0), message=msg, api=api,
-                                        public={"global_state": state0, "lr": fl.lr, "local_steps": 1,
-                                                "num_samples": 1, "mode": fl.mode}, seed=seed))
+                                        public=Public(global_state=state0, lr=fl.lr, local_steps=1,
+                                                      num_samples=1, mode=fl.mode), seed=seed))
     return observations, targets
 
 
@@ -364,13 +367,15 @@ def run_reconstruction(task: Task, attack: Attack, probes: tuple[list[Observatio
     if not targets:
         raise ValueError(f"task {task.id} has no reconstruction targets")
     torch.manual_seed(seed)
-    outs = attack.run_batch(observations) if hasattr(attack, "run_batch") else [attack.run(o, None) for o in observations]
+    outs = attack.run_batch(observations)
     recon = torch.cat([o.images for o in outs]).detach().float().cpu().numpy()
     truth = torch.stack([t[0] for t in targets]).float().numpy()
     if recon.shape != truth.shape:
         raise ValueError(f"reconstructions have shape {recon.shape}, targets {truth.shape}")
-    info = task.api.info
-    r01, t01 = to_unit(recon, info["mean"], info["std"]), to_unit(truth, info["mean"], info["std"])
+    image = task.api.image
+    if image is None:
+        raise ValueError(f"task {task.id} declares no image spec (api.image): reconstructions cannot be scored")
+    r01, t01 = to_unit(recon, list(image.mean), list(image.std)), to_unit(truth, list(image.mean), list(image.std))
     per = reconstruction_metrics(r01, t01)
     metrics = {k: mean_ci(v, seed=seed) for k, v in per.items()}
     labels = [o.labels for o in outs if o.labels is not None]

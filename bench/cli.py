@@ -18,7 +18,7 @@ from .params import seed_count, writable_dir
 from .progress import silence_third_party
 from .registry import ATTACKS, DEFENSES, SCENARIOS, UsageError, expand, unique_names, unknown_message
 from .store import Store
-from .task import PRESETS
+from .task import PRESETS, check_preset
 
 # Default wall-clock budget per unit (one training run or one attack cell), by preset.
 CELL_TIMEOUT_S = {"smoke": 900.0, "default": 4 * 3600.0, "paper": 24 * 3600.0}
@@ -83,12 +83,6 @@ def scenario_names(arg: str) -> list[str]:
     if not names:
         raise UsageError(unknown_message("scenario", arg, SCENARIOS.names()))
     return unique_names(names, "scenario")
-
-
-def check_preset(preset: str) -> str:
-    if preset not in PRESETS:
-        raise UsageError(unknown_message("preset", preset, list(PRESETS)))
-    return preset
 
 
 def parse_seeds(raw: str) -> list[int]:

@@ -26,7 +26,7 @@ import traceback
 import typing
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Mapping, TextIO
 
 import numpy as np
 import torch
@@ -35,13 +35,11 @@ from .params import describe_field, range_of, valid_epsilon
 from .registry import ATTACKS, DEFENSES, SCENARIOS, UsageError, build, expand, parse_value
 from .run_state import resolve_delta
 from .task import Task
-from .types import VIEWS, Attack, Defense, Message, Reconstructions, Scores
+from .types import VIEWS, Attack, Defense, Message, Reconstructions, Scores, TaskAPI
 
 ROUNDS = 2
 MAX_LOCAL_STEPS = 1
 CLIENTS_PER_ROUND = 2
-# an attack's compute-budget fields are capped for its conformance run (output types, not strength)
-ATTACK_BUDGET = {"iterations": 10, "restarts": 1, "epochs": 5, "max_iter": 10, "n_estimators": 10}
 TIME_BUDGET_S = float(os.environ.get("BENCH_CHECK_BUDGET_S", "600"))  # per training run, smoke preset
 # wall clock per configuration's child (two training runs plus evaluation); `check --timeout` overrides
 CHECK_TIMEOUT_S = 3 * TIME_BUDGET_S
@@ -153,6 +151,19 @@ def field_checks(report: Report, cls: type, kind: str) -> None:
         except Exception as e:  # noqa: BLE001 - report every kind of failure
             bad.append(f"{dict(cfg)}: {e}")
     report.add("grid", not bad, f"{len(cls.grid)} configuration(s)" + (f"; invalid: {'; '.join(bad)}" if bad else ""))
+    task_fields = {f.name for f in dataclasses.fields(TaskAPI)}
+    requires = getattr(cls, "requires", ())
+    unknown = [r for r in requires if r not in task_fields] if isinstance(requires, tuple) else [requires]
+    report.add("requires", not unknown, f"{requires or 'no optional task fields'}"
+               + (f"; not TaskAPI fields: {unknown}" if unknown else ""))
+    if kind == "attack":
+        budget = getattr(cls, "budget", {})
+        names = {f.name for f in fields}
+        bad_caps = [f"{k}={v!r}" for k, v in dict(budget).items()
+                    if k not in names or not isinstance(v, int) or isinstance(v, bool) or v < 1] \
+            if isinstance(budget, Mapping) else [repr(budget)]
+        report.add("budget", not bad_caps, (f"{budget!r}" if budget else "none declared")
+                   + (f"; not a field with an int cap >= 1: {', '.join(bad_caps)}" if bad_caps else ""))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -329,7 +340,7 @@ def check_defense_config(defense: Defense, task: Task, report: Report, *, seed: 
         report.add("determinism", False, f"second run raised {type(e).__name__}: {e}")
         wall2 = 0.0
     report.add("time budget", max(wall, wall2) <= budget_s, f"{max(wall, wall2):.1f} s per run (budget {budget_s:.0f} s)")
-    delta = resolve_delta(defense, task.api.info)  # the run's delta, as the harness records it
+    delta = resolve_delta(defense, task.api)  # the run's delta, as the harness records it
     eps_detail, eps_ok = [], True
     trained = probe.inner
     try:
@@ -511,13 +522,15 @@ class _Bad(Exception):
 
 
 def cap_budget(attack: Attack) -> tuple[Attack, list[str]]:
-    """The attack with its iteration / epoch fields capped (ATTACK_BUDGET); ``None`` means "the
-    scenario's", which can be the paper's 24,000 iterations, so it is capped too."""
+    """The attack with the compute-budget fields it declares (``Attack.budget``: output types are checked,
+    not strength) capped; ``None`` means "the scenario's", which can be the paper's 24,000 iterations, so
+    it is capped too."""
     if not dataclasses.is_dataclass(attack):
         return attack, []
+    budget = dict(getattr(type(attack), "budget", {}) or {})
     changes, notes = {}, []
     for f in dataclasses.fields(attack):
-        cap = ATTACK_BUDGET.get(f.name)
+        cap = budget.get(f.name)
         v = getattr(attack, f.name)
         if f.init and cap is not None and (v is None or (isinstance(v, int) and not isinstance(v, bool) and v > cap)):
             changes[f.name] = cap
@@ -526,13 +539,13 @@ def cap_budget(attack: Attack) -> tuple[Attack, list[str]]:
 
 
 def _run_membership(attack: Attack, task: Task, seed: int) -> str:
-    from .cells import membership_sets
-    from .types import Observation
+    """One run on the base model's candidates, observed as the harness observes them (bench.cells)."""
+    from .cells import membership_observation, membership_parts
 
-    (mem, non), (aux_m, aux_n) = membership_sets(task, None, "global_model", 0, seed)
-    cands = mem + non
-    obs = Observation(view="global_model", model=task.api.build_model().eval(), message=None, api=task.api,
-                      public={"aux_members": aux_m, "aux_nonmembers": aux_n})
+    pool, _, parts = membership_parts(task, None, "global_model", None, seed)
+    part = parts[0]
+    cands = [pool[i] for i in part.members] + [task.nonmembers[i] for i in part.nonmembers]
+    obs = membership_observation(task, None, attack, "global_model", part, pool, seed)
     out = attack.run(obs, cands)
     if not isinstance(out, Scores):
         raise _Bad(f"returned {type(out).__name__}, expected Scores")
@@ -554,7 +567,7 @@ def _run_recon(attack: Attack, task: Task, seed: int) -> str:
         raise _Bad(f"{task.id} has no reconstruction targets")
     fedavg = build(DEFENSES.get("fedavg"), {}, "defense")
     obs, targets = probe_observations(replace(task, recon_targets=list(task.recon_targets)[:1]), fedavg, seed)
-    outs = attack.run_batch(obs) if hasattr(attack, "run_batch") else [attack.run(o, None) for o in obs]
+    outs = attack.run_batch(obs)
     if len(outs) != 1 or not isinstance(outs[0], Reconstructions):
         raise _Bad(f"returned {[type(o).__name__ for o in outs]}, expected one Reconstructions")
     img = outs[0].images

@@ -14,6 +14,8 @@ import concurrent.futures as cf
 import multiprocessing as mp
 import os
 import queue
+import select
+import signal
 import sys
 import threading
 import time
@@ -21,6 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
+from .progress import unit_progress
 from .runner import InlineExecutor, execute_unit  # executors sit above the runner (InlineExecutor re-exported)
 
 # A worker's outcome: {"key", "kind", "status": ok|failed|n/a, "reason", "wall_s", "restart": bool, ...}
@@ -74,10 +77,70 @@ def contributed_modules() -> tuple[tuple[str, str], ...]:
                         if name.startswith("_bench_contrib_") and getattr(m, "__file__", None)))
 
 
-def _init_worker(cfg: WorkerConfig) -> None:
-    """Runs once in each fresh worker process (before any unit)."""
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)  # no cleanup to run: records are written atomically
+
+
+def _watch_owner(owner: int) -> None:
+    """Block until process ``owner`` has exited, then kill this process. Linux: wait on its pidfd (readable
+    once it exits, zombie or reaped, no pid reuse); elsewhere poll the pid (and our parent) every second."""
+    try:
+        fd = os.pidfd_open(owner)
+    except ProcessLookupError:
+        _die()
+    except (AttributeError, OSError):  # not Linux >= 5.3
+        fd = None
+    if fd is not None:
+        select.select([fd], [], [])
+        _die()
+    parent = os.getppid()
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            _die()
+        except PermissionError:  # the pid now belongs to another user's process: ours is gone
+            _die()
+        if parent == owner and os.getppid() != owner:  # reparented: the owner is gone
+            _die()
+
+
+def die_with_owner(owner: int) -> None:
+    """Make this worker die with the run's process ``owner``, even when that is SIGKILLed (then no
+    shutdown code runs, and a worker would otherwise go on training). A forkserver worker's parent is
+    the forkserver, which itself lives while any worker does, so PR_SET_PDEATHSIG (the parent's death)
+    cannot see the run die: a daemon thread watches ``owner`` itself. PR_SET_PDEATHSIG is still set
+    when the parent is the single-threaded forkserver, not when it is ``owner``: it fires when the
+    parent *thread* that started us ends, and an executor's threads come and go."""
+    parent = os.getppid()
+    if parent != owner and sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            _die()
+    threading.Thread(target=_watch_owner, args=(owner,), name="bench-owner-watch", daemon=True).start()
+
+
+_PROGRESS: list = [None]  # in a worker: the queue its units report their done fraction to (or None)
+
+
+def _init_worker(cfg: WorkerConfig, owner: int = 0, progress_queue=None) -> None:
+    """Runs once in each fresh worker process (before any unit): dies with ``owner``, then sets up limits;
+    its units report progress to ``progress_queue``."""
     import importlib.util
 
+    if owner:
+        die_with_owner(owner)
+    if progress_queue is not None:
+        progress_queue.cancel_join_thread()  # exiting never waits for the parent to read
+        _PROGRESS[0] = progress_queue
     if cfg.mem_cap_mb > 0:
         import resource
 
@@ -93,6 +156,12 @@ def _init_worker(cfg: WorkerConfig) -> None:
         from .progress import silence_third_party
 
         silence_third_party()
+    # tqdm's default lock is a multiprocessing RLock: a named semaphore here (forkserver / spawn) that a
+    # killed worker (timeout, crash, interrupted run) leaks, which the resource tracker then reports at
+    # shutdown. Bars in a worker are off or local to it: a thread lock is all they need.
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
     import torch
 
     torch.set_num_threads(cfg.threads)
@@ -106,26 +175,44 @@ def _init_worker(cfg: WorkerConfig) -> None:
 
 
 def _run_in_worker(unit) -> Outcome:
-    return execute_unit(unit)
+    q = _PROGRESS[0]
+    if q is None:
+        return execute_unit(unit)
+    key = unit.key
+    with unit_progress(lambda f: q.put_nowait((key, f))):
+        return execute_unit(unit)
 
 
 
 class Slot:
     """One reusable worker process with a per-unit wall-clock budget; killed and replaced on overrun or crash."""
 
-    def __init__(self, cfg: WorkerConfig, context: str = "forkserver"):
+    def __init__(self, cfg: WorkerConfig, context: str = "forkserver", *, report: bool = True):
         self.cfg = cfg
         self.context = context
+        self.report = report  # the worker's units send their done fraction (``poll``)
         self._pool: cf.ProcessPoolExecutor | None = None
+        self._queue = None  # the current worker's progress queue (one writer: a killed worker tears no other's)
 
     def _ensure(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
             ctx = mp.get_context(self.context)
             if self.context == "forkserver":  # workers fork from a server that has torch imported already
                 ctx.set_forkserver_preload(["bench.runner"])
+            self._queue = ctx.Queue() if self.report else None
             self._pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker,
-                                                initargs=(self.cfg,))
+                                                initargs=(self.cfg, os.getpid(), self._queue))
         return self._pool
+
+    def poll(self) -> list[tuple[str, float]]:
+        """(unit key, done fraction) reports sent by the worker since the last call."""
+        q, got = self._queue, []
+        while q is not None:
+            try:
+                got.append(q.get_nowait())
+            except (queue.Empty, OSError, EOFError):  # nothing more, or the queue was closed meanwhile
+                break
+        return got
 
     def _processes(self) -> list:
         # ProcessPoolExecutor has no public way to kill a worker before Python 3.14 (terminate_workers)
@@ -143,6 +230,7 @@ class Slot:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._pool = None
+        self._queue = None
         return codes
 
     def run(self, unit, fn=None, *, flag: str = "--cell-timeout") -> Outcome:
@@ -171,6 +259,7 @@ class Slot:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)  # idle worker: it exits on its own
             self._pool = None
+            self._queue = None
 
 
 def _failed(unit, reason: str, t0: float) -> Outcome:
@@ -201,6 +290,10 @@ class LocalExecutor:
     def submit(self, unit) -> cf.Future:
         return self._threads.submit(self._run, unit)
 
+    def poll_progress(self) -> list[tuple[str, float]]:
+        """(unit key, done fraction) of the units running, reported since the last call (bench.progress)."""
+        return [r for s in self._all for r in s.poll()]
+
     def shutdown(self, *, kill: bool = False) -> None:
         """Stop the workers; ``kill`` (an interrupted run) does not wait for the units in flight."""
         if kill:
@@ -221,7 +314,7 @@ _RAY_LOCK = threading.Lock()
 
 def _ray_task(unit, cfg: WorkerConfig) -> Outcome:
     with _RAY_LOCK:
-        slot = _RAY_SLOTS.setdefault(cfg, Slot(cfg, "spawn"))
+        slot = _RAY_SLOTS.setdefault(cfg, Slot(cfg, "spawn", report=False))  # no progress back from Ray
     return slot.run(unit)
 
 

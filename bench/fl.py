@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from .progress import progress
+from .progress import nested, progress
 from .run_state import new_run
 from .types import ClientState, Defense, FLConfig, Message, RoundCtx
 
@@ -93,8 +93,8 @@ def local_train(state: ClientState, ctx: RoundCtx, *, names: Sequence[str] | Non
     loss_fn = loss_fn or ctx.task.loss
     steps = 0
     cap = ctx.fl.max_local_steps
-    for _ in range(ctx.fl.local_epochs):
-        for batch in loader(state.data, ctx):
+    for _ in nested(range(ctx.fl.local_epochs)):  # nested(): the run's bar moves within a long round
+        for batch in nested(loader(state.data, ctx)):
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model, batch)
             if not torch.isfinite(loss):
@@ -212,7 +212,7 @@ def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = Tru
         fl = replace(fl, num_clients=1, clients_per_round=1, rounds=1, local_epochs=task.central_epochs, mode="fedavg")
         datasets = [task.central_data]
     model = defense.setup(task.api.build_model(), task.api)
-    run = new_run(defense, task.api.info, seed=seed)  # this run's state: the defense config stays untouched
+    run = new_run(defense, task.api, seed=seed)  # this run's state: the defense config stays untouched
     names = tuple(task.shared_names(model))
     global_state = current(model, names)
     global_buffers = float_buffers(model)
@@ -223,14 +223,14 @@ def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = Tru
     bytes_down: list[int] = []
     logs: dict[str, list] = {}
     t0 = time.time()
-    for r in progress(range(fl.rounds), desc=desc or f"train {task.id} {defense.name}", leave=False):
+    for r in progress(range(fl.rounds), desc=desc or f"train {task.id} {defense.name}", leave=False, unit=True):
         sel = sorted(torch.randperm(len(datasets), generator=gen)[: fl.clients_per_round].tolist())
         ctx = RoundCtx(round=r, rounds=fl.rounds, fl=fl, task=task.api, generator=gen, num_selected=len(sel),
                        global_state=global_state, shared_names=names, log=logs, extras=task.extras, run=run)
         msgs = []
         down_bytes = 0
         client_buffers = []
-        for k in sel:
+        for k in nested(sel):
             load_state(work, global_state, global_buffers)
             msg = defense.client_step(ClientState(k, work, datasets[k], privates[k]), ctx)
             client_buffers.append((len(datasets[k]), float_buffers(work)))

@@ -1,11 +1,15 @@
-"""Progress bars (tqdm) that stay quiet when BENCH_QUIET=1, and the switch that keeps third-party
-loading noise (weight-loading bars, deprecation warnings, transformers logging) out of the terminal."""
+"""Progress bars (tqdm) that stay quiet when BENCH_QUIET=1, the done fraction of a running work unit (for
+the run's bar), and the switch that keeps third-party loading noise (weight-loading bars, deprecation
+warnings, transformers logging) out of the terminal."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
+import time
 import warnings
-from typing import Iterable, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from tqdm.auto import tqdm
 
@@ -13,22 +17,83 @@ T = TypeVar("T")
 
 
 def _disabled() -> bool:
-    return os.environ.get("BENCH_QUIET") == "1"
+    # BENCH_QUIET: a worker (the parent draws the only bar); QUIET_ENV: a run without --verbose, whose
+    # loops (caption encoding, pre-training while the tasks are built) are loading noise to the user
+    return os.environ.get("BENCH_QUIET") == "1" or os.environ.get(QUIET_ENV) == "1"
 
 
-def progress(it: Iterable[T], *, desc: str = "", total: int | None = None, leave: bool = True) -> Iterable[T]:
-    return tqdm(it, desc=desc, total=total, leave=leave, disable=_disabled(), dynamic_ncols=True, mininterval=1.0)
+def progress(it: Iterable[T], *, desc: str = "", total: int | None = None, leave: bool = True,
+             unit: bool = False) -> Iterable[T]:
+    """A tqdm loop. ``unit``: the loop is its work unit's main loop, so inside ``unit_progress`` its done
+    fraction (refined by the tracked loops nested in it) goes to the run's progress bar."""
+    n = total if total is not None else (len(it) if hasattr(it, "__len__") else None)
+    return tqdm(_tracked(it, n, unit), desc=desc, total=n, leave=leave, disable=_disabled(), dynamic_ncols=True,
+                mininterval=1.0)
+
+
+def nested(it: Iterable[T], *, total: int | None = None) -> Iterable[T]:
+    """``it`` as a loop nested in a unit's main loop (no bar of its own): refines the reported fraction,
+    e.g. the local epochs and batches of a training round."""
+    return _tracked(it, total if total is not None else (len(it) if hasattr(it, "__len__") else None), False)
+
+
+# How far the current work unit is: a stack of [items done, items] of the tracked loops running, the
+# outermost first; reported (at most every REPORT_S seconds) to the callback of ``unit_progress``.
+_UNIT: dict = {"report": None, "stack": [], "last": 0.0}
+REPORT_S = 0.5
+
+
+@contextlib.contextmanager
+def unit_progress(report: Callable[[float], None] | None) -> Iterator[None]:
+    """Within: ``report(fraction)`` gets the done fraction (0..1) of the unit's ``progress(..., unit=True)``
+    loops and the loops nested in them (bench.runner: the parent's cost-weighted bar follows it)."""
+    saved = dict(_UNIT)
+    _UNIT.update(report=report, stack=[], last=0.0)
+    try:
+        yield
+    finally:
+        _UNIT.update(saved)
+
+
+def unit_fraction() -> float:
+    f, scale = 0.0, 1.0
+    for done, n in _UNIT["stack"]:
+        f += scale * min(done, n) / n
+        scale /= n
+    return f
+
+
+def _tracked(it: Iterable[T], n: int | None, unit: bool) -> Iterator[T]:
+    stack = _UNIT["stack"]
+    if _UNIT["report"] is None or not n or not (unit or stack):  # not inside a unit's main loop
+        yield from it
+        return
+    frame = [0, n]
+    stack.append(frame)
+    try:
+        for i, x in enumerate(it):
+            frame[0] = i
+            now = time.monotonic()
+            if now - _UNIT["last"] >= REPORT_S:
+                _UNIT["last"] = now
+                _UNIT["report"](unit_fraction())
+            yield x
+    finally:
+        del stack[next(k for k, f in enumerate(stack) if f is frame)]
 
 
 def progress_bar(*, total: float, desc: str = "", unit: str = "it", weighted: bool = False) -> tqdm:
     """A manually updated bar (``.update(n)``). ``weighted``: ``total`` is estimated seconds of work and each
     unit advances it by its own estimate, so the ETA follows the expensive work, not the count of cells."""
     fmt = "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]" if weighted else None
-    return tqdm(total=total, desc=desc, unit=unit, disable=_disabled(), dynamic_ncols=True, mininterval=1.0,
-                bar_format=fmt)
+    return tqdm(total=total, desc=desc, unit=unit, disable=os.environ.get("BENCH_QUIET") == "1", dynamic_ncols=True,
+                mininterval=1.0, bar_format=fmt)
 
 
 NOISY_LOGGERS = ("transformers", "diffusers", "huggingface_hub", "timm", "peft", "accelerate", "torch.distributed")
+# UserWarnings a run triggers by design, once per metric or model built (regular expressions on the message)
+NOISY_WARNINGS = (r"Metric `[A-Za-z ]+` will save all extracted features in buffer",)  # torchmetrics KID, IS
+QUIET_ENV = "BENCH_QUIET_THIRD_PARTY"
 
 
 def silence_third_party() -> None:
@@ -40,14 +105,29 @@ def silence_third_party() -> None:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning,ignore::FutureWarning")
+    os.environ[QUIET_ENV] = "1"  # third_party_stdout() in this process and its workers
     for cat in (DeprecationWarning, FutureWarning, PendingDeprecationWarning):
         warnings.filterwarnings("ignore", category=cat)
+    for pattern in NOISY_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
-    for mod, fn in (("transformers.utils.logging", "disable_progress_bar"),
+    # libraries already imported read the environment too early: switch their bars off directly
+    # (huggingface_hub's switch also covers a transformers imported later)
+    for mod, fn in (("huggingface_hub.utils", "disable_progress_bars"),
+                    ("transformers.utils.logging", "disable_progress_bar"),
                     ("diffusers.utils.logging", "disable_progress_bar")):
-        import sys
-
         m = sys.modules.get(mod)
         if m is not None and hasattr(m, fn):
             getattr(m, fn)()
+
+
+@contextlib.contextmanager
+def third_party_stdout() -> Iterator[None]:
+    """Around third-party code that prints to stdout (efficientnet-lite's "Loaded pretrained weights for
+    ..."): the print goes nowhere once ``silence_third_party`` ran (not with ``--verbose``)."""
+    if os.environ.get(QUIET_ENV) != "1":
+        yield
+        return
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+        yield

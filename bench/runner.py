@@ -22,7 +22,7 @@ from .accounting import privacy_record
 from .audit import audit_delta, record_bound
 from .cells import probe_observations, run_membership, run_reconstruction
 from .params import check_privacy
-from .progress import progress_bar
+from .progress import REPORT_S, progress_bar, unit_progress
 from .run_state import resolve_delta
 from .store import Store, provenance, stable_hash, utc_stamp
 from .task import Task
@@ -306,11 +306,14 @@ class InlineExecutor:
 
     def __init__(self) -> None:
         self.jobs = 1
+        self.on_progress = None  # (unit key, done fraction) -> None, called while a unit runs (bench.progress)
 
     def submit(self, unit) -> cf.Future:
         fut: cf.Future = cf.Future()
+        report = self.on_progress
         try:
-            fut.set_result(execute_unit(unit))
+            with unit_progress((lambda f: report(unit.key, f)) if report is not None else None):
+                fut.set_result(execute_unit(unit))
         except KeyboardInterrupt:
             raise
         except BaseException as e:  # execute_unit catches the unit's own errors; this is the harness's
@@ -351,11 +354,32 @@ def run(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds
 
     bar = progress_bar(total=max(pl.est_total_s, 1e-9), desc="work", unit="s", weighted=True)
     pending: dict[Any, tuple[Unit, list[Cell]]] = {}
+    running: dict[str, Unit] = {}  # by key: the units submitted and not finished
+    shown: dict[str, float] = {}  # by key: the fraction of its cost already on the bar
+
+    def advance(key: str, fraction: float) -> None:
+        """A running unit reports it is ``fraction`` done: the bar moves by that share of its cost, never
+        back and never beyond it (the rest lands when the unit finishes)."""
+        u = running.get(key)
+        fraction = min(max(float(fraction), 0.0), 1.0)
+        if u is not None and fraction > shown.get(key, 0.0):
+            bar.update((fraction - shown.get(key, 0.0)) * u.cost)
+            shown[key] = fraction
+
+    def finish(u: Unit) -> None:
+        running.pop(u.key, None)
+        bar.update(u.cost * (1.0 - shown.pop(u.key, 0.0)))
+
+    if hasattr(executor, "on_progress"):
+        executor.on_progress = advance
+    poll = getattr(executor, "poll_progress", None)
 
     def submit(u: Unit, group: list[Cell]) -> None:
+        running[u.key] = u
         try:
             pending[executor.submit(ship(u))] = (u, group)
         except ValueError as e:  # the unit cannot be shipped (no task source): fail its cells
+            running.pop(u.key, None)
             for c in group if u.kind == "train" else [c for c in group if c.id == u.key]:
                 write_failed(store, c.skeleton(), f"not run: {e}")
                 summary.counts["failed"] += 1
@@ -380,14 +404,16 @@ def run(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds
             if key not in pl.needs_training:
                 fanout(group)
         while pending:
-            done, _ = cf.wait(list(pending), return_when=cf.FIRST_COMPLETED)
+            done, _ = cf.wait(list(pending), timeout=REPORT_S if poll else None, return_when=cf.FIRST_COMPLETED)
+            for key, fraction in poll() if poll else ():
+                advance(key, fraction)
             for fut in done:
                 unit, group = pending.pop(fut)
                 try:
                     res = fut.result()
                 except Exception as e:  # noqa: BLE001 - an executor-level error (e.g. a Ray worker lost)
                     res = {"status": "failed", "reason": f"executor error: {type(e).__name__}: {e}", "written": False}
-                bar.update(unit.cost)
+                finish(unit)
                 if unit.kind == "train":
                     summary.trained += 1
                     if res["status"] == "ok":
@@ -416,7 +442,8 @@ def run(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds
 def _attack_cell(cell: Cell, train, store: Store) -> dict:
     """Run one applicable cell; this process keeps the last group's reconstruction probes."""
     if cell.attack.kind == "membership":
-        return run_membership(cell.task, cell.defense, cell.attack, cell.view, train, cell.seed)
+        return run_membership(cell.task, cell.defense, cell.attack, cell.view, train, cell.seed,
+                              cache_root=store.out / "cache")  # reference models ([RMIA]) cache beside training
     if cell.view != "client_update":
         raise ValueError(f"reconstruction attack {cell.attack.name} needs the client_update view")
     key = stable_hash({"task": cell.task.id, "cfg": cell.task.config_hash(), "defense": cell.defense_label,
@@ -443,7 +470,7 @@ def _privacy(task: Task, defense: Defense | None, train) -> dict[str, Any]:
     # delta is the harness's (the one run_federated's DefenseRun used), never state read off the defense
     fl = task.fl
     central = defense.setting == "central"
-    rec = privacy_record(defense, delta=resolve_delta(defense, task.api.info),
+    rec = privacy_record(defense, delta=resolve_delta(defense, task.api),
                          rounds=len(train.bytes_down) if train is not None else fl.rounds,
                          sample_rate=1.0 if central else fl.clients_per_round / fl.num_clients,
                          names=tuple(train.global_state) if train is not None else None,

@@ -17,7 +17,8 @@ returned values, e.g. their sample-weighted mean); the pseudo-gradient is Delta 
                                      Adam:    v <- b2 v + (1 - b2) Delta^2,
                                      x <- x + lr * m / (sqrt(v) + tau), with m_{-1} = 0, v_{-1} = tau^2.
 Defaults for the adaptive ones (lr 1e-3, tau 1e-3, b1 0.9, b2 0.99), mu 0.01 and beta 0.9 are those of
-OpenFedLLM, the code base DP-FedLoRA's experiments ran on.
+OpenFedLLM, the code base DP-FedLoRA's experiments ran on. The FedAvg and FedAvgM server steps are the classes
+:class:`ServerAvg` and :class:`ServerAvgM` (keys ``fedavg``, ``fedavgm``; ``defenses.fedavg.FedAvg`` is the defense).
 
 State lives in the optimizer object (the server); call :meth:`reset` at the start of a training run.
 Client-side hooks (FedProx, SCAFFOLD) take the client's ``ClientState`` and keep client state in
@@ -37,7 +38,7 @@ State = dict[str, Tensor]
 
 
 @dataclass
-class FedAvg:
+class ServerAvg:
     """x <- x + lr * (target - x); lr = 1 is plain FedAvg."""
 
     name: ClassVar[str] = "fedavg"
@@ -62,14 +63,14 @@ class FedAvg:
     @property
     def plain_average(self) -> bool:
         """True when :meth:`step` returns ``target`` itself (lets callers skip forming x)."""
-        return type(self).step is FedAvg.step and self.lr == 1.0
+        return type(self).step is ServerAvg.step and self.lr == 1.0
 
     def end_round(self, ctx) -> None:
         """Server bookkeeping after the round's step (SCAFFOLD's control update)."""
 
 
 @dataclass
-class FedProx(FedAvg):
+class FedProx(ServerAvg):
     """FedAvg server; clients add the proximal term mu/2 ||w - w_global||^2 to their loss."""
 
     name: ClassVar[str] = "fedprox"
@@ -91,7 +92,7 @@ class FedProx(FedAvg):
 
 
 @dataclass
-class Scaffold(FedAvg):
+class Scaffold(ServerAvg):
     """SCAFFOLD with control variates on the client's trained parameters (option II update)."""
 
     name: ClassVar[str] = "scaffold"
@@ -146,7 +147,7 @@ class Scaffold(FedAvg):
 
 
 @dataclass
-class FedAvgM(FedAvg):
+class ServerAvgM(ServerAvg):
     """Server momentum (Hsu et al. 2019): v <- beta v + Delta, x <- x + lr v."""
 
     name: ClassVar[str] = "fedavgm"
@@ -166,7 +167,7 @@ class FedAvgM(FedAvg):
 
 
 @dataclass
-class _Adaptive(FedAvg):
+class _Adaptive(ServerAvg):
     """Reddi et al. 2021, Alg. 2 (no bias correction; v starts at tau^2)."""
 
     lr: float = 1e-3
@@ -219,12 +220,12 @@ class FedAdam(_Adaptive):
         return self.beta2 * v + (1 - self.beta2) * d2
 
 
-SERVER_OPTIMIZERS: dict[str, type[FedAvg]] = {
-    c.name: c for c in (FedAvg, FedProx, Scaffold, FedAvgM, FedAdagrad, FedYogi, FedAdam)
+SERVER_OPTIMIZERS: dict[str, type[ServerAvg]] = {
+    c.name: c for c in (ServerAvg, FedProx, Scaffold, ServerAvgM, FedAdagrad, FedYogi, FedAdam)
 }
 
 
-def make_server_opt(name: str, **params: Any) -> FedAvg:
+def make_server_opt(name: str, **params: Any) -> ServerAvg:
     """Build a server optimizer by name; ``params`` not accepted by that optimizer and None values are ignored
     (so a defense can pass all its optimizer fields)."""
     if name not in SERVER_OPTIMIZERS:

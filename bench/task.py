@@ -8,14 +8,36 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from torch import nn
 from torch.utils.data import Dataset
 
+from .errors import UsageError
+from .registry import unknown_message
 from .types import FLConfig, TaskAPI
 
-PRESETS = ("smoke", "default", "paper")
+# The preset names, the one list of them (docs/design.md s.3). The CLI checks a user's preset with
+# :func:`check_preset`; a scenario reads its own per-preset table with :func:`preset_entry` and hands models
+# explicit sizes (``models/`` never sees a preset name).
+PRESETS: tuple[str, ...] = ("smoke", "default", "paper")
+
+E = TypeVar("E")
+
+
+def check_preset(preset: str) -> str:
+    """``preset`` itself when it is one of :data:`PRESETS`; else a UsageError naming the valid choices."""
+    if preset not in PRESETS:
+        raise UsageError(unknown_message("preset", preset, list(PRESETS)))
+    return preset
+
+
+def preset_entry(table: Mapping[str, E], preset: str) -> E:
+    """A scenario's entry for ``preset`` in its per-preset ``table`` (checked against :data:`PRESETS`)."""
+    check_preset(preset)
+    if preset not in table:
+        raise KeyError(f"the per-preset table has no entry for {preset!r} (it has {', '.join(table)})")
+    return table[preset]
 
 
 @dataclass
@@ -34,6 +56,10 @@ class Task:
     central_epochs: int = 1
     max_membership: int = 64  # candidates per side (members / non-members) for MIA cells
     extras: Mapping[str, Any] = field(default_factory=dict)  # defender-side data (e.g. D_aux^nm)
+    # attacker-side population data of the members' distribution, disjoint from the members, the non-members
+    # (evaluation and aux) and the test set: reference models train on it (bench.reference); not hashed into
+    # ``config`` (training runs never see it); None = the scenario has none to spare
+    population: Dataset | None = None
     config: Mapping[str, Any] = field(default_factory=dict)  # everything pinned, hashed for caching
     # membership evaluation restricted to these positions of each pool, the rest being the attacker's aux
     # split (ldm-t2i: [SMP-LoRA] evaluates on D_te only): keys "central" (central_data), "clients" (the

@@ -16,6 +16,9 @@ from torch import Tensor, nn
 View = Literal["global_model", "client_model", "client_update", "released_model"]
 VIEWS: tuple[str, ...] = ("global_model", "client_model", "client_update", "released_model")
 AttackKind = Literal["membership", "reconstruction"]
+Setting = Literal["federated", "central"]  # a defense's threat setting: federated views or a released model
+MessageKind = Literal["gradient", "weights"]  # FedSGD sends a gradient, FedAvg the weights after local training
+Family = Literal["image-cls", "llm-text", "vlm-caption", "ldm-t2i"]
 
 
 class NotApplicable(Exception):
@@ -34,7 +37,7 @@ class Message:
     round: int
     tensors: dict[str, Tensor]
     num_samples: int
-    kind: str = "weights"
+    kind: MessageKind = "weights"
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def nbytes(self) -> int:
@@ -110,37 +113,167 @@ class ClientState:
 
 
 @dataclass(frozen=True)
-class TaskAPI:
-    """The public functions of a scenario: what the model computes, never which data it saw.
+class LoraSpec:
+    """LoRA adapters on the model's ``targets`` (rank ``r``, scale ``alpha / r``): what LoRA defenses need."""
 
-    Attacks and defenses call these instead of knowing the model family.
+    r: int
+    alpha: float
+    targets: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """An image classifier's inputs ``[C, H, W]`` normalised by ``mean`` / ``std`` and its classes: what
+    gradient inversion needs ([IG], [APRIL]) and how reconstructions are scored in pixel space."""
+
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    classes: tuple[str, ...] = ()
+    inversion_iterations: int = 300  # the scenario's default for attacks whose ``iterations`` is None
+
+
+@dataclass(frozen=True)
+class ViTSpec:
+    """A vision transformer's learnable positional and patch embeddings (parameter names): [APRIL] and
+    the fixed-position defense use them."""
+
+    pos_embed_param: str
+    patch_embed_param: str
+    patch_size: int
+    num_prefix_tokens: int = 1
+    class_token: bool = True
+
+
+@dataclass(frozen=True)
+class TokenSpec:
+    """A language model's token layout (llm-text, vlm-caption)."""
+
+    vocab_size: int
+    max_len: int
+    pad_id: int
+    num_categories: int | None = None  # llm-text: topic categories of the corpus
+
+
+@dataclass(frozen=True)
+class CaptionSpec:
+    """A captioning VLM's prompt layout and greedy captioner ``generate(model, batch) -> list[str]``."""
+
+    num_image_tokens: int
+    image_start: int
+    prompt_len: int
+    image_size: int
+    num_classes: int | None = None  # grounded captions name one of these classes (None: free captions)
+    generate: Callable[[nn.Module, Any], list[str]] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class DiffusionSpec:
+    """A latent-diffusion model's noise schedule and the timesteps its losses are evaluated at."""
+
+    num_timesteps: int
+    eval_timesteps: tuple[int, ...]
+    image_size: int
+
+
+@dataclass(frozen=True)
+class DiffusionOps:
+    """Per-timestep hooks of a diffusion scenario (:mod:`bench.signals`, MP-/SMP-LoRA):
+    ``loss_at_timestep(model, batch, t) -> [B]``, ``denoise_error(model, batch, ...) -> [B]`` (the proxy
+    attack's signal) and optionally ``loss_at_timesteps(model, batch, ts) -> [B, len(ts)]`` (one encoder
+    pass for all timesteps)."""
+
+    loss_at_timestep: Callable[[nn.Module, Any, int], Tensor]
+    denoise_error: Callable[..., Tensor]
+    loss_at_timesteps: Callable[[nn.Module, Any, Sequence[int]], Tensor] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSpec:
+    """What a task offers (plain data, no functions): the only fields ``applies()`` of a defense or attack
+    may read, so applicability is decided by this declaration alone (tests/test_scenario_conformance.py).
+
+    Which fields make what apply: ``lora`` -> the LoRA defenses (``fedper`` also reads ``num_layers``);
+    ``vit`` -> ``fixed_position``, ``april``; ``image`` -> ``inverting_gradients``, ``april``; ``parts`` (an
+    LM head: ``TaskAPI.logits``) -> ``max_renyi``; ``diffusion`` + ``aux_sets`` + ``lora`` (``ldm-t2i``) ->
+    ``lora``, ``mp_lora``, ``smp_lora``; ``population_size`` > 0 -> reference-model attacks (``rmia``);
+    ``dp_delta`` -> the DP delta of defenses that do not fix one.
     """
 
     name: str
-    family: str  # "image-cls" | "llm-text" | "vlm-caption" | "ldm-t2i"
+    family: Family
+    arch: str = ""  # model architecture ("vit", "resnet34", "llama", "openelm", "unet", ...)
+    num_layers: int | None = None  # transformer blocks (LoRA layer indices run 0 .. num_layers - 1)
+    lora: LoraSpec | None = None
+    parts: tuple[str, ...] = ()  # slices of the LM logits (e.g. "image", "caption"); non-empty iff TaskAPI.logits
+    image: ImageSpec | None = None
+    vit: ViTSpec | None = None
+    diffusion: DiffusionSpec | None = None  # with TaskAPI.diffusion_ops
+    aux_sets: bool = False  # the defender holds aux member / non-member sets in Task.extras (MP-/SMP-LoRA)
+    dp_delta: float | None = None  # the DP delta of defenses that fix none (bench.run_state.resolve_delta)
+    population_size: int = 0  # attacker-side population items (Task.population) for reference models ([RMIA])
+
+    def spec(self) -> TaskSpec:
+        """These declared fields alone, as a plain :class:`TaskSpec` (what a static declaration must equal)."""
+        return TaskSpec(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TaskSpec)})
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskAPI(TaskSpec):
+    """The public functions of a scenario: what the model computes, never which data it saw.
+
+    Attacks and defenses call these instead of knowing the model family; the :class:`TaskSpec` fields
+    say which of them apply.
+    """
+
     loss: Callable[[nn.Module, Any], Tensor]  # mean loss on a collated batch
     per_sample_loss: Callable[[nn.Module, Any], Tensor]  # [B] losses
     collate: Callable[[Sequence[Any]], Any]
     build_model: Callable[[], nn.Module]  # a fresh model of the same architecture (attacker's copy)
-    info: Mapping[str, Any] = field(default_factory=dict)  # input_shape, num_classes, lora, arch, ...
     # LM scenarios: (model, batch, part) -> (logits [B,T,V], targets [B,T] or None, mask [B,T] bool), already
-    # shifted so logits[:, t] predicts targets[:, t]; ``part`` is one of info["parts"] (e.g. "text", "image").
+    # shifted so logits[:, t] predicts targets[:, t]; ``part`` is one of ``parts`` (e.g. "text", "image").
     logits: Callable[[nn.Module, Any, str], tuple[Tensor, Tensor | None, Tensor]] | None = None
+    tokens: TokenSpec | None = None
+    caption: CaptionSpec | None = None
+    diffusion_ops: DiffusionOps | None = None
+
+
+@dataclass(frozen=True)
+class Public:
+    """Side information the harness gives an attack besides its view's model and message.
+
+    Membership attacks with ``uses_aux``: the attacker's labelled auxiliary members / non-members.
+    Reconstruction probes (``client_update``): the global state the intercepted client started from, its
+    learning rate, local steps, batch size and the FL mode, so a weights message can be turned back into
+    an update direction ([IG]).
+    """
+
+    aux_members: Sequence[Any] = ()
+    aux_nonmembers: Sequence[Any] = ()
+    global_state: Mapping[str, Tensor] | None = field(default=None, compare=False)
+    lr: float | None = None
+    local_steps: int | None = None
+    num_samples: int | None = None
+    mode: Literal["fedavg", "fedsgd"] | None = None
 
 
 @dataclass(frozen=True)
 class Observation:
     """What an attack observes, built by the harness from the transcript (docs/design.md s.2)."""
 
-    view: str
+    view: View
     model: nn.Module | None
     message: Message | None
     api: TaskAPI
-    public: Mapping[str, Any] = field(default_factory=dict)
+    public: Public = field(default_factory=Public)
     seed: int = 0  # the cell seed: attacks seed their randomness from it
     # signals shared by the attacks of one (task, defense, seed) cell group, keyed by model state and
     # candidates (a bench.signal_cache.SignalCache, in memory only); None = every attack computes its own
     signals: Any = None
+    # reference models and population samples for reference-model attacks ([RMIA], [LiRA]): a
+    # bench.reference.Reference the harness builds for attacks with ``uses_reference``; None = not provided
+    reference: Any = None
 
 
 @dataclass
@@ -189,12 +322,16 @@ class Defense(abc.ABC):
     """
 
     name: ClassVar[str] = ""
-    setting: ClassVar[str] = "federated"
+    setting: ClassVar[Setting] = "federated"
     grid: ClassVar[tuple[Mapping[str, Any], ...]] = ({},)
     paper: ClassVar[str] = ""
+    # the optional TaskAPI fields this defense reads: set on every task its applies() accepts (checked
+    # over every scenario by tests/test_scenario_conformance.py)
+    requires: ClassVar[tuple[str, ...]] = ()
 
-    def applies(self, task: TaskAPI) -> str | None:
-        """Return None when the defense applies to the task, else the reason it does not."""
+    def applies(self, task: TaskSpec) -> str | None:
+        """Return None when the defense applies to the task, else the reason it does not. Reads the
+        :class:`TaskSpec` fields only (a full :class:`TaskAPI` is one), so it can be decided statically."""
         return None
 
     def fl_mode(self) -> str | None:
@@ -247,15 +384,26 @@ class Attack(abc.ABC):
     """
 
     name: ClassVar[str] = ""
-    views: ClassVar[tuple[str, ...]] = ()
-    kind: ClassVar[str] = "membership"
+    views: ClassVar[tuple[View, ...]] = ()
+    kind: ClassVar[AttackKind] = "membership"
     grid: ClassVar[tuple[Mapping[str, Any], ...]] = ({},)
     paper: ClassVar[str] = ""
     uses_aux: ClassVar[bool] = False  # trains on the attacker's aux members / non-members (obs.public)
+    # compute-budget fields and their caps for a conformance run (``bench check``: output types, not
+    # strength); a field whose value is None ("the scenario's") is capped too
+    budget: ClassVar[Mapping[str, int]] = {}
+    # the optional TaskAPI fields this attack reads: set on every task its applies() accepts
+    requires: ClassVar[tuple[str, ...]] = ()
 
-    def applies(self, task: TaskAPI) -> str | None:
+    def applies(self, task: TaskSpec) -> str | None:
+        """None when the attack applies to the task, else the reason; reads :class:`TaskSpec` fields only."""
         return None
 
     @abc.abstractmethod
     def run(self, obs: Observation, candidates: Sequence[Any] | None) -> Scores | Reconstructions:
         """Membership: score every candidate. Reconstruction: rebuild the inputs behind obs.message."""
+
+    def run_batch(self, observations: Sequence[Observation]) -> list[Scores | Reconstructions]:
+        """Reconstruction: every observation's reconstruction, in order (override to share work across
+        targets). Default: ``run`` on each."""
+        return [self.run(o, None) for o in observations]

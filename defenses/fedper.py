@@ -17,7 +17,7 @@ from typing import Sequence
 from torch import Tensor
 
 from bench.fl import current, fedavg_aggregate, load_state, local_train
-from bench.lora import is_lora, layer_index, num_layers, requires_lora
+from bench.lora_params import is_lora, layer_index, num_layers, requires_lora
 from bench.params import param
 from bench.registry import register_defense
 from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx
@@ -31,6 +31,7 @@ class FedPer(Defense):
 
     grid = ({"shared_layers": 2}, {"shared_layers": 4})
     paper = "[FedRand] (Park et al. 2025), s.4.1 baselines and App. A.3; Arivazhagan et al. 2019"
+    requires = ("lora",)  # the TaskAPI fields it reads (tests/test_scenario_conformance.py)
 
     def __post_init__(self) -> None:
         if self.shared_layers < 1:
@@ -38,7 +39,7 @@ class FedPer(Defense):
 
     def applies(self, task) -> str | None:
         reason = requires_lora(task)
-        depth = task.info.get("num_layers")
+        depth = task.num_layers
         if reason is None and depth and self.shared_layers >= int(depth):
             reason = (f"FedPer shares the top {self.shared_layers} layers but the model has only {depth}: "
                       "nothing would stay private (it would be FedAvg)")
@@ -47,9 +48,10 @@ class FedPer(Defense):
     def fl_mode(self) -> str | None:
         return "fedavg"  # sends trained LoRA weights
 
-    def split(self, names: Sequence[str], info) -> tuple[list[str], list[str]]:
-        """(shared names, private names): LoRA of layers >= L - shared_layers is shared."""
-        depth = num_layers(names, info)
+    def split(self, names: Sequence[str], depth: int | None = None) -> tuple[list[str], list[str]]:
+        """(shared names, private names): LoRA of layers >= L - shared_layers is shared (L: ``depth``, the
+        task's ``num_layers``, else inferred from the LoRA names)."""
+        depth = num_layers(names, depth)
         if self.shared_layers > depth:
             raise NotApplicable(f"FedPer shares the top {self.shared_layers} layers but the model has {depth}")
         shared, private = [], []
@@ -61,7 +63,7 @@ class FedPer(Defense):
     def client_step(self, state: ClientState, ctx: RoundCtx) -> Message:
         if ctx.fl.mode != "fedavg":
             raise NotApplicable("FedPer sends LoRA weights after local training (needs fl.mode 'fedavg')")
-        shared, private = self.split(ctx.shared_names, ctx.task.info)
+        shared, private = self.split(ctx.shared_names, ctx.task.num_layers)
         warm = self.warmup_round and ctx.round == 0
         if not warm and "layers" in state.private:
             load_state(state.model, state.private["layers"])

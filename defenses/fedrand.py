@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from bench.fl import current, load_state, local_train
-from bench.lora import requires_lora, split_names
+from bench.lora_params import requires_lora, split_names
 from bench.params import param
 from bench.registry import register_defense
 from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx
@@ -38,6 +38,7 @@ class FedRand(Defense):
 
     grid = ({}, {"rho": 0.3}, {"rho": 0.7}, {"normalize": False}, {"past_params": False})
     paper = "[FedRand] (Park et al. 2025), Alg. 1-2, Eq. 5-10"
+    requires = ("lora",)  # the TaskAPI fields it reads (tests/test_scenario_conformance.py)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.rho <= 1.0:

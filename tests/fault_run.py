@@ -20,6 +20,26 @@ def matrix():
     return [toy_task()], [FedAvg(), FLRSP(R=0.8), FedSGD()], [ToyLossMIA(), ToyMeanRecon()], [0]
 
 
+def sleeper(marker: str) -> None:
+    """A unit that writes its process id to ``marker`` and then runs for an hour (tests/test_engine.py)."""
+    import os
+    import time
+
+    Path(marker).write_text(str(os.getpid()))
+    time.sleep(3600)
+
+
+def tqdm_then_sleep(_unit) -> None:
+    """A unit that draws a (disabled) progress bar and then hangs (tests/test_engine.py: killed at its timeout)."""
+    import time
+
+    from bench.progress import progress
+
+    for _ in progress(range(2)):
+        pass
+    time.sleep(3600)
+
+
 def main(out: str) -> int:
     import torch
 

@@ -9,11 +9,19 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from bench.conformance import Report, attack_report, check_defense_config, defense_report, utility_floor
+from bench.conformance import (
+    Report,
+    attack_report,
+    cap_budget,
+    check_defense_config,
+    defense_report,
+    field_checks,
+    utility_floor,
+)
 from bench.registry import ATTACKS, DEFENSES, build
-from bench.types import Attack, Message, Reconstructions, Scores
+from bench.types import Attack, Message, Observation, Reconstructions, Scores
 from defenses.fedavg import FedAvg
-from tests.toy import ToyLossMIA, toy_task
+from tests.toy import ToyLossMIA, ToyMeanRecon, toy_task
 
 
 def _skip_if_nowhere(rep: Report) -> None:
@@ -212,3 +220,49 @@ def test_broken_attack_is_reported(attack, check, needle):
     failed = {c.name: c.detail for c in rep.failed}
     assert check in failed, rep.render()
     assert needle in failed[check]
+
+
+# ----------------------------------------------------------------------------------------------
+# declarations on the Attack contract: budget caps, required task fields, run_batch
+
+
+@dataclass
+class Iterative(ToyLossMIA):
+    name = "iterative"
+    iterations: int | None = 500
+    restarts: int = 4
+    budget = {"iterations": 10}
+
+
+@dataclass
+class BadDeclarations(ToyLossMIA):
+    name = "bad_declarations"
+    budget = {"iterations": 10}  # not one of its fields
+    requires = ("pixels",)  # not a TaskAPI field
+
+
+def test_an_attack_is_capped_by_its_own_budget_declaration():
+    capped, notes = cap_budget(Iterative())
+
+    assert (capped.iterations, capped.restarts) == (10, 4) and notes == ["iterations 500->10"]
+    assert cap_budget(Iterative(iterations=None))[0].iterations == 10  # None ("the scenario's") is capped too
+    assert cap_budget(Iterative(iterations=3)) == (Iterative(iterations=3), [])
+    assert cap_budget(ToyLossMIA()) == (ToyLossMIA(), [])  # declares no budget: unchanged
+
+
+def test_bad_budget_and_requires_declarations_are_reported():
+    rep = Report("bad")
+
+    field_checks(rep, BadDeclarations, "attack")
+
+    failed = {c.name: c.detail for c in rep.failed}
+    assert "iterations=10" in failed["budget"] and "pixels" in failed["requires"]
+
+
+def test_run_batch_defaults_to_run_on_each_observation():
+    api = toy_task().api
+    obs = [Observation("client_update", None, None, api, seed=s) for s in (0, 1)]
+
+    outs = ToyMeanRecon().run_batch(obs)
+
+    assert len(outs) == 2 and all(isinstance(o, Reconstructions) and o.images.shape == (1, 3, 8, 8) for o in outs)

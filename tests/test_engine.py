@@ -183,3 +183,64 @@ def test_the_worker_builds_every_model_on_the_units_device():
     assert {p.device.type for p in placed.api.build_model().parameters()} == {"meta"}
     assert on_device(t, "cpu") is t and placed.config_hash() == t.config_hash()  # same cells, same cache
     assert {p.device.type for p in t.api.build_model().parameters()} == {"cpu"}  # the original is untouched
+
+
+
+OWNER = """
+import sys
+from bench.executors import Slot, WorkerConfig
+from tests.fault_run import sleeper
+Slot(WorkerConfig(threads=1), sys.argv[1]).run(sys.argv[2], sleeper)  # a unit that would run for an hour
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc")
+@pytest.mark.parametrize("context", ["forkserver", "spawn"])
+def test_a_busy_worker_dies_with_its_killed_owner(tmp_path, context):
+    import os
+    import signal
+    import subprocess
+
+    from tests.test_faults import ROOT, _session, _until
+
+    marker = tmp_path / "worker.pid"
+    log = open(tmp_path / "owner.log", "wb")  # noqa: SIM115 - the child's output, read on failure
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, context, str(marker)], cwd=ROOT, stdout=log, stderr=log,
+                             start_new_session=True, env={**os.environ, "BENCH_THREADS": "1"})
+    _until(lambda: marker.exists() or owner.poll() is not None, 300)  # the worker initialised and is in its unit
+    assert owner.poll() is None and marker.exists(), (tmp_path / "owner.log").read_text()
+    worker = int(marker.read_text())
+    assert worker in _session(owner.pid)
+
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.wait()
+    gone_after = _until(lambda: not _session(owner.pid), 30)  # the worker, the forkserver, the resource tracker
+
+    left = _session(owner.pid)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert gone_after <= 10, f"{left} still running {gone_after:.0f} s after the owner's kill -9 (worker {worker})"
+
+
+NOISE = ("Loading weights", "Loaded pretrained weights", "MiniLM captions", "will save all extracted features",
+         "leaked semaphore", "resource_tracker", "Kernel Inception Distance", "huggingface", "transformers")
+
+
+def test_a_run_keeps_third_party_noise_out_of_the_terminal_but_not_its_own_warnings(tmp_path):
+    import os
+    import subprocess
+
+    from bench.controls import failures
+    from tests.test_faults import ROOT
+
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "bench", "run", "--preset", "smoke", "--scenario", "ldm-t2i,vlm-caption",
+                          "--defense", "fedavg", "--attack", "loss_mia", "--jobs", "2", "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=1800, env={**os.environ, "BENCH_THREADS": "1"})
+
+    assert res.returncode == 0, res.stderr[-3000:]
+    heard = [n for n in NOISE if n in res.stderr or n in res.stdout]
+    assert not heard, f"{heard} in the output:\n{res.stderr[-3000:]}"
+    for line in failures(Store(out).records()):  # our own warnings still reach the terminal
+        assert line in res.stderr
+    assert "cells:" in res.stdout and "work:" in res.stderr  # the plan's summary and the run's own bar

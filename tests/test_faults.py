@@ -170,7 +170,7 @@ class NaNRecon(Attack):
     kind = "reconstruction"
 
     def run(self, obs, candidates):
-        return Reconstructions(torch.full((1, *obs.api.info["input_shape"]), float("nan")))
+        return Reconstructions(torch.full((1, *obs.api.image.input_shape), float("nan")))
 
 
 def test_a_record_failing_the_schema_on_write_is_kept_as_failed_with_the_reason(tmp_path):
@@ -328,3 +328,71 @@ def test_kill_minus_9_of_bench_run_on_the_smoke_preset_then_resume(tmp_path):
     assert len(reference) >= 8
 
     kill_and_resume(run_into(tmp_path / "killed"), tmp_path / "killed", len(reference), reference, seed=7)
+
+
+# ----------------------------------------------------------------------------------------------
+# kill -9 of the parent of --jobs workers: the workers die with it (they would go on training)
+
+
+def _session(sid: int) -> dict[int, int]:
+    """Live (not zombie) processes of session ``sid``: {pid: parent pid}, read from /proc (Linux)."""
+    procs = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # gone meanwhile
+            continue
+        state, ppid, session = fields[0], int(fields[1]), int(fields[3])
+        if session == sid and state not in "ZX":
+            procs[int(stat.parent.name)] = ppid
+    return procs
+
+
+def _until(pred, timeout: float) -> float:
+    """Seconds until ``pred()`` held (polling); ``timeout`` + 1 if it never did."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if pred():
+            return time.time() - t0
+        time.sleep(0.1)
+    return timeout + 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc")
+def test_kill_minus_9_of_a_jobs_2_run_takes_its_workers_down_then_resume_completes(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "bench", "run", "--preset", "smoke", "--scenario", "image-cls",
+           "--defense", "fedavg,fedsgd", "--attack", "loss_mia", "--jobs", "2", "--out", str(out), "--no-leaderboard"]
+    proc = _spawn(cmd, tmp_path / "run.log")
+    # workers are the forkserver's children: grandchildren of the run's process
+    workers = lambda: [p for p, pp in _session(proc.pid).items() if pp not in (proc.pid, 1)]  # noqa: E731
+    waited = _until(lambda: len(workers()) >= 2 or proc.poll() is not None, 600)
+    seen = workers()
+    assert proc.poll() is None and len(seen) == 2, f"no workers after {waited:.0f} s: {(tmp_path / 'run.log').read_text()[-2000:]}"
+
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    gone_after = _until(lambda: not _session(proc.pid), 30)
+
+    left = _session(proc.pid)
+    for pid in left:  # do not leave them behind for the rest of the suite
+        os.kill(pid, signal.SIGKILL)
+    assert gone_after <= 10, f"still running {gone_after:.0f} s after the parent's kill -9: {left} (workers {seen})"
+    final = _spawn(cmd, tmp_path / "run.log")  # resume
+    assert final.wait(timeout=1800) == 0, (tmp_path / "run.log").read_text()[-2000:]
+    _wait_group(final, 60)
+    files = list((out / "records").glob("*/*.json"))
+    recs = list(Store(out).records())  # each one parsed and schema-checked
+    assert len(recs) == len(files) and not (out / "quarantine").exists(), "a torn record"
+    assert {r["status"] for r in recs} <= {"ok", "n/a"}, [r.get("reason") for r in recs if r["status"] == "failed"]
+    assert len(recs) == _planned("image-cls", "fedavg,fedsgd", "loss_mia")
+
+
+
+def _planned(scenario: str, defenses: str, attacks: str) -> int:
+    """Cells a one-seed smoke ``bench run`` of these names plans."""
+    from bench.cli import build_tasks
+    from bench.registry import ATTACKS as A, DEFENSES as D, expand
+
+    return len(plan(build_tasks([scenario], "smoke"), expand(D, defenses, full_grid=False), expand(A, attacks), [0]))

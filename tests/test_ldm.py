@@ -170,8 +170,8 @@ def test_smoke_builds_with_table4_splits_disjoint(smoke_task):
     assert members == src["aux_members"] | src["te_members"]
     assert {it["source_index"] for it in t.nonmembers.items} == src["aux_nonmembers"] | src["te_nonmembers"]
     assert sorted(i for c in t.client_data for i in c.indices) == list(range(len(t.central_data)))
-    assert t.api.family == "ldm-t2i" and t.api.logits is None and t.api.info["lora"] and t.api.info["arch"] == "unet"
-    assert t.api.info["num_layers"] == 7
+    assert t.api.family == "ldm-t2i" and t.api.logits is None and t.api.lora is not None and t.api.arch == "unet"
+    assert t.api.num_layers == 7 and t.api.aux_sets and t.api.diffusion_ops is not None
     item = t.central_data[0]
     assert set(item) >= {"image", "text", "caption", "label"} and cap.CLASS_NAMES[item["label"]] in item["caption"]
 
@@ -198,7 +198,7 @@ def test_membership_is_evaluated_on_d_te_only(smoke_task, view):
 def test_default_splits_scale_table4(monkeypatch):
     from bench.scenarios import ldm_t2i
 
-    p = ldm_t2i.PRESETS["default"]
+    p = ldm_t2i.SPECS["default"]
     splits = ldm_t2i.private_splits(p)
     assert [len(splits[k]) for k in ("aux_members", "te_members", "aux_nonmembers", "te_nonmembers")] == [64] * 4
     idx = [it["source_index"] for v in splits.values() for it in v]
@@ -212,7 +212,7 @@ def test_negative_control_base_model_is_at_chance(smoke_task):
     from bench.data import fashion_mnist
     from bench.scenarios import ldm_t2i
 
-    p = ldm_t2i.PRESETS["smoke"]
+    p = ldm_t2i.SPECS["smoke"]
     src = fashion_mnist()
     used = {it["source_index"] for v in smoke_task.extras.values() for it in v}
     free = [i for i in np.random.default_rng(7).permutation(len(src.test_x)) if i not in used][:256]

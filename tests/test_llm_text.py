@@ -18,6 +18,7 @@ from models import llm
 from tests.assets import need
 
 HAVE_FORTUNES = llm.Path("/usr/share/games/fortunes/fortunes").is_file()
+SCENARIO = "llm-text"  # the smoke / batch fixtures (tests/conftest.py)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -107,33 +108,19 @@ def test_tokenized_texts_add_bos_eos_and_truncate(tok):
 
 
 # ----------------------------------------------------------------------------------------------
-# the smoke task
-
-
-@pytest.fixture(scope="module")
-def smoke():
-    need(HAVE_FORTUNES, "apt-get install fortunes fortunes-min")
-    from bench.scenarios.llm_text import build
-
-    (task,) = build("smoke")
-    return task
-
-
-@pytest.fixture(scope="module")
-def batch(smoke):
-    return smoke.api.collate([smoke.test_data[i] for i in range(6)])
+# the smoke task (the ``smoke`` and ``batch`` fixtures of tests/conftest.py)
 
 
 def test_smoke_task_shape_and_info(smoke):
-    info = smoke.api.info
+    api = smoke.api
     assert smoke.id == "llm-text" and smoke.preset == "smoke"
-    assert info["lora"] is True and info["parts"] == ("text",) and info["arch"] == "llama"
-    assert info["num_layers"] == 5 and 500 <= info["vocab_size"] < 30000  # compact vocabulary of the texts
+    assert api.lora is not None and api.parts == ("text",) and api.arch == "llama"
+    assert api.num_layers == 5 and 500 <= api.tokens.vocab_size < 30000  # compact vocabulary of the texts
     assert len(smoke.client_data) == smoke.fl.num_clients == 4
     assert all(len(c) > 0 for c in smoke.client_data)
     item = smoke.client_data[0][0]
     assert item["input_ids"].dtype == torch.long and item["attention_mask"].shape == item["input_ids"].shape
-    assert len(item["input_ids"]) <= info["max_len"]
+    assert len(item["input_ids"]) <= api.tokens.max_len
 
 
 def test_compact_vocab_round_trips_the_real_tokenizer():
@@ -161,7 +148,7 @@ def test_members_nonmembers_test_are_disjoint_and_same_distribution(smoke):
     nonmembers, test = _texts(smoke.nonmembers), _texts(smoke.test_data)
     assert len(set(members)) == len(members)
     assert not (set(members) & set(nonmembers) or set(members) & set(test) or set(nonmembers) & set(test))
-    k = smoke.api.info["num_categories"]
+    k = smoke.api.tokens.num_categories
     hm = np.bincount([c for d in smoke.client_data for c in (d.dataset.labels[i] for i in d.indices)], minlength=k)
     hn = np.bincount(smoke.nonmembers.labels, minlength=k)
     tv = 0.5 * np.abs(hm / hm.sum() - hn / hn.sum()).sum()
@@ -183,7 +170,7 @@ def test_logits_are_shifted_and_loss_matches_hf(smoke, batch):
         hf_loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
         loss = smoke.api.loss(model, batch)
     B, T = batch["input_ids"].shape
-    assert logits.shape == (B, T - 1, smoke.api.info["vocab_size"])
+    assert logits.shape == (B, T - 1, smoke.api.tokens.vocab_size)
     assert torch.equal(targets, batch["input_ids"][:, 1:])
     assert torch.equal(mask, batch["attention_mask"][:, 1:].bool())
     torch.testing.assert_close(logits, full[:, :-1].float())
@@ -243,7 +230,7 @@ def test_utility_reports_loss_and_perplexity(smoke):
     assert set(u) == {"test_loss", "perplexity"}
     assert np.isfinite(u["test_loss"]) and u["perplexity"] == pytest.approx(np.exp(u["test_loss"]), rel=1e-6)
     # an untrained random model is close to uniform over the vocabulary
-    assert abs(u["test_loss"] - np.log(smoke.api.info["vocab_size"])) < 2.0
+    assert abs(u["test_loss"] - np.log(smoke.api.tokens.vocab_size)) < 2.0
     assert model.training is True or model.training is False
 
 

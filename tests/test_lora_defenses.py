@@ -1,4 +1,4 @@
-"""Tests of the federated LoRA defenses (fedrand, fedper, fedpara, dp_fedlora), bench/lora.py and
+"""Tests of the federated LoRA defenses (fedrand, fedper, fedpara, dp_fedlora), bench/lora_params.py and
 bench/server_opt.py, on toy tensors and on a tiny peft Llama trained end to end with run_federated."""
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ os.environ.setdefault("BENCH_QUIET", "1")
 
 from bench.accounting import composed_epsilon  # noqa: E402
 from bench.fl import current, load_state, run_federated  # noqa: E402
-from bench.lora import (factor_rank_r, factor_stacked_rank_r, layer_index, lora_pairs, lora_product, requires_lora,  # noqa: E402
-                        split_names, stack_pairs)
-from bench.server_opt import (SERVER_OPTIMIZERS, FedAdagrad, FedAdam, FedAvg, FedAvgM, FedProx,  # noqa: E402
-                              FedYogi, Scaffold, make_server_opt)
+from bench.lora_params import (factor_rank_r, factor_stacked_rank_r, layer_index, lora_pairs,  # noqa: E402
+                               lora_product, requires_lora, split_names, stack_pairs)
+from bench.server_opt import (SERVER_OPTIMIZERS, FedAdagrad, FedAdam, FedProx, FedYogi, Scaffold,  # noqa: E402
+                              ServerAvg, ServerAvgM, make_server_opt)
 from bench.run_state import new_run  # noqa: E402
 from bench.task import Task  # noqa: E402
-from bench.types import ClientState, FLConfig, Message, RoundCtx, TaskAPI  # noqa: E402
+from bench.types import ClientState, FLConfig, LoraSpec, Message, RoundCtx, TaskAPI, TaskSpec  # noqa: E402
 from defenses.dp_fedlora import DPFedLoRA, clip_frobenius  # noqa: E402
 from defenses.fedpara import PRIVATE, FedPara  # noqa: E402
 from defenses.fedper import FedPer  # noqa: E402
@@ -52,8 +52,9 @@ def make_api(layers: int = LAYERS, lora: bool = True) -> TaskAPI:
         ce = nn.functional.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")
         return ce.mean(1)
 
-    return TaskAPI("toy-llm", "llm-text", loss, per_sample_loss, torch.stack, build,
-                   info={"lora": lora, "num_layers": layers})
+    return TaskAPI(name="toy-llm", family="llm-text", loss=loss, per_sample_loss=per_sample_loss, collate=torch.stack,
+                   build_model=build, num_layers=layers,
+                   lora=LoraSpec(r=4, alpha=8.0, targets=("q_proj", "v_proj")) if lora else None)
 
 
 def make_task(api: TaskAPI, **fl) -> Task:
@@ -97,7 +98,7 @@ def assert_finite_run(task, defense):
 
 
 # ------------------------------------------------------------------------------------------------
-# bench/lora.py
+# bench/lora_params.py
 
 
 def test_lora_names_pairs_and_layers(api):
@@ -116,8 +117,8 @@ def test_lora_names_pairs_and_layers(api):
 
 
 def test_requires_lora_reason():
-    assert requires_lora(SimpleNamespace(info={"lora": True})) is None
-    assert requires_lora(SimpleNamespace(info={})) == "needs LoRA adapters (a LoRA scenario)"
+    assert requires_lora(TaskSpec(name="t", family="llm-text", lora=LoraSpec(r=4, alpha=8.0, targets=("q_proj",)))) is None
+    assert requires_lora(TaskSpec(name="t", family="image-cls")) == "needs LoRA adapters (a LoRA scenario)"
     for d in (FedRand(), FedPer(), FedPara(), DPFedLoRA()):
         assert d.applies(make_api(lora=False)) == "needs LoRA adapters (a LoRA scenario)"
 
@@ -401,7 +402,7 @@ def _pair_msgs(rank_content: int):
 def test_dp_fedlora_stack_aggregation_is_exact_when_rank_fits():
     d = DPFedLoRA()
     glob = {A1: torch.randn(4, 5), B1: torch.zeros(6, 4)}
-    ctx = SimpleNamespace(fl=FLConfig(num_clients=2), log_value=lambda *a: None, run=new_run(d, {}))
+    ctx = SimpleNamespace(fl=FLConfig(num_clients=2), log_value=lambda *a: None, run=new_run(d, None))
     msgs = _pair_msgs(2)  # 2 + 2 <= 4: stacking then rank-4 factorisation loses nothing
     new = d.aggregate(glob, msgs, ctx)
     expected = 0.25 * msgs[0].tensors[B1] @ msgs[0].tensors[A1] + 0.75 * msgs[1].tensors[B1] @ msgs[1].tensors[A1]
@@ -414,7 +415,7 @@ def test_dp_fedlora_stack_aggregation_is_exact_when_rank_fits():
     assert math.isclose(float((target - new[B1] @ new[A1]).norm()), float(s[4:].norm()), rel_tol=1e-3)
     # the authors'-code variant averages the factors
     d = DPFedLoRA(aggregation="average")
-    avg = d.aggregate(glob, msgs, SimpleNamespace(**{**vars(ctx), "run": new_run(d, {})}))
+    avg = d.aggregate(glob, msgs, SimpleNamespace(**{**vars(ctx), "run": new_run(d, None)}))
     assert torch.allclose(avg[A1], 0.25 * msgs[0].tensors[A1] + 0.75 * msgs[1].tensors[A1])
 
 
@@ -422,7 +423,7 @@ def test_dp_fedlora_stateful_server_step_on_dense_products():
     glob = {A1: torch.randn(4, 5), B1: torch.zeros(6, 4)}  # global product 0
 
     def ctx_of(d):  # one training run: the server optimizer's state lives in its DefenseRun
-        return SimpleNamespace(fl=FLConfig(num_clients=2), log_value=lambda *a: None, run=new_run(d, {}))
+        return SimpleNamespace(fl=FLConfig(num_clients=2), log_value=lambda *a: None, run=new_run(d, None))
 
     msgs = _pair_msgs(2)
     target = 0.25 * msgs[0].tensors[B1] @ msgs[0].tensors[A1] + 0.75 * msgs[1].tensors[B1] @ msgs[1].tensors[A1]
@@ -508,9 +509,9 @@ def _xt():
 
 def test_fedavg_and_fedavgm_steps():
     x, t = _xt()
-    assert torch.allclose(FedAvg().step(x, t)["w"], t["w"])
-    assert torch.allclose(FedAvg(lr=0.5).step(x, t)["w"], torch.tensor([0.25, 0.5]))
-    opt = FedAvgM(lr=1.0, momentum=0.9)
+    assert torch.allclose(ServerAvg().step(x, t)["w"], t["w"])
+    assert torch.allclose(ServerAvg(lr=0.5).step(x, t)["w"], torch.tensor([0.25, 0.5]))
+    opt = ServerAvgM(lr=1.0, momentum=0.9)
     x1 = opt.step(x, t)["w"]  # v = Delta
     assert torch.allclose(x1, torch.tensor([0.5, 0.0]))
     x2 = opt.step({"w": x1}, {"w": x1 + torch.tensor([1.0, 1.0])})["w"]  # v = 0.9 [0.5,-1] + [1,1]

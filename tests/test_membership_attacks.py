@@ -27,7 +27,7 @@ from bench.signals import (
     per_sample_grad_norms,
     renyi_entropy,
 )
-from bench.types import Observation, TaskAPI
+from bench.types import DiffusionOps, DiffusionSpec, Observation, Public, TaskAPI
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -176,7 +176,7 @@ def _fixed_logits_api(table: torch.Tensor, targets: torch.Tensor, lengths: list[
 
     return TaskAPI(name="fixed", family="vlm-caption", loss=lambda m, b: torch.zeros(()),
                    per_sample_loss=lambda m, b: torch.zeros(len(b)), collate=lambda xs: torch.tensor(xs),
-                   build_model=nn.Identity, info={"parts": ("image", "caption")}, logits=logits)
+                   build_model=nn.Identity, parts=("image", "caption"), logits=logits)
 
 
 def test_max_renyi_and_min_k_match_direct_computation_on_fixed_logits():
@@ -265,7 +265,7 @@ def lm_logits(model, batch, part):
 
 LM_API = TaskAPI(name="tiny-lm", family="llm-text", loss=lambda m, b: lm_per_sample_loss(m, b).mean(),
                  per_sample_loss=lm_per_sample_loss, collate=torch.stack, build_model=TinyLM,
-                 info={"parts": ("prefix", "text")}, logits=lm_logits)
+                 parts=("prefix", "text"), logits=lm_logits)
 
 
 def train(model: nn.Module, loss_fn, data, *, steps: int, lr: float, seed: int = 0) -> nn.Module:
@@ -292,7 +292,7 @@ def lm_setup():
 
 
 def lm_obs(model, s, view="client_model"):
-    return Observation(view, model, None, LM_API, {"aux_members": s["aux_m"], "aux_nonmembers": s["aux_n"]})
+    return Observation(view, model, None, LM_API, Public(aux_members=s["aux_m"], aux_nonmembers=s["aux_n"]))
 
 
 def test_max_renyi_positive_control_overfit_language_model(lm_setup):
@@ -322,7 +322,7 @@ def test_loss_mia_threshold_and_proxy_positive_control_language_model(lm_setup):
 
 def test_loss_mia_proxy_needs_aux_data(lm_setup):
     s = lm_setup
-    obs = Observation("global_model", s["overfit"], None, LM_API, {"aux_members": s["aux_m"]})
+    obs = Observation("global_model", s["overfit"], None, LM_API, Public(aux_members=s["aux_m"]))
     with pytest.raises(ValueError, match="aux_nonmembers"):
         LossMIA(method="proxy").run(obs, s["mem"])
     assert "neg_loss" in LossMIA(method="threshold").run(obs, s["mem"]).scores  # threshold needs none
@@ -372,7 +372,7 @@ def cls_setup():
 
 def cls_obs(model, s, aux: int | None = None):
     return Observation("released_model", model, None, CLS_API,
-                       {"aux_members": s["aux_m"][:aux], "aux_nonmembers": s["aux_n"][:aux]})
+                       Public(aux_members=s["aux_m"][:aux], aux_nonmembers=s["aux_n"][:aux]))
 
 
 def test_loss_mia_positive_control_overfit_classifier(cls_setup):
@@ -465,7 +465,8 @@ def test_loss_timesteps_hook_gives_per_step_scores():
 
     api = TaskAPI(name="ldm", family="ldm-t2i", loss=lambda m, b: None, per_sample_loss=lambda m, b: b[:, 0],
                   collate=torch.stack, build_model=nn.Identity,
-                  info={"loss_at_timestep": loss_at, "num_timesteps": 1000})
+                  diffusion=DiffusionSpec(num_timesteps=1000, eval_timesteps=(), image_size=8),
+                  diffusion_ops=DiffusionOps(loss_at_timestep=loss_at, denoise_error=lambda m, b, *a: b[:, 0]))
     assert loss_timesteps(api, 10) == [50, 150, 250, 350, 450, 550, 650, 750, 850, 950]
     cands = [torch.tensor([v]) for v in (0.1, 0.5, 0.3)]
     sc = LossMIA(timesteps=4).run(Observation("released_model", nn.Identity(), None, api), cands)

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.registry import DEFENSES, build
-from bench.types import TaskAPI
-from defenses.lora import grad_norm, requires_ldm
+from bench.types import LoraSpec, TaskAPI
+from defenses._lora_common import grad_norm, requires_ldm
 from defenses.mp_lora import ProxyAttack, member_gain, mi_gain, mp_objective, signal_of, smp_objective
 
 LAM, DELTA = 0.05, 1e-5
@@ -143,7 +143,7 @@ def test_defenses_are_registered_central_with_paper_defaults():
 
 def test_applies_only_to_ldm_tasks():
     api = TaskAPI(name="x", family="llm-text", loss=lambda m, b: None, per_sample_loss=lambda m, b: None,
-                  collate=list, build_model=lambda: None, info={"lora": True})
+                  collate=list, build_model=lambda: None, lora=LoraSpec(r=4, alpha=8.0, targets=("q_proj",)))
     for name in ("lora", "mp_lora", "smp_lora"):
         d = build(DEFENSES.get(name), {}, "defense")
         assert d.applies(api) is not None

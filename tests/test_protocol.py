@@ -12,7 +12,7 @@ import torch
 from bench.cells import assign_nonmembers, best_threshold, run_membership, split_candidates
 from bench.fl import run_federated
 from bench.runner import plan
-from bench.types import Scores
+from bench.types import Public, Scores
 from defenses.fedavg import FedAvg
 from defenses.flrsp import FLRSP
 from tests.toy import ToyLossMIA, toy_task
@@ -27,7 +27,7 @@ class Spy(ToyLossMIA):
         self.calls = []
 
     def run(self, obs, candidates):
-        self.calls.append({"public": dict(obs.public), "candidates": list(candidates), "seed": obs.seed})
+        self.calls.append({"public": obs.public, "candidates": list(candidates), "seed": obs.seed})
         return super().run(obs, candidates)
 
 
@@ -94,11 +94,11 @@ def test_aux_split_reaches_only_attacks_that_use_it_and_is_disjoint_from_the_can
 
     # assert: the scoring call of the plain attack sees no aux data (its second call is the harness's
     # threshold calibration on the aux split); the aux attack's aux items are never candidates
-    assert plain.calls[0]["public"] == {}
+    assert plain.calls[0]["public"] == Public()
     got = aux.calls[0]["public"]
-    assert len(got["aux_members"]) == len(got["aux_nonmembers"]) == 8
+    assert len(got.aux_members) == len(got.aux_nonmembers) == 8
     cands = aux.calls[0]["candidates"]
-    for item in got["aux_members"] + got["aux_nonmembers"]:
+    for item in [*got.aux_members, *got.aux_nonmembers]:
         assert not any(_same(item, c) for c in cands)
     assert {c["seed"] for c in plain.calls + aux.calls} == {3}
 

@@ -20,7 +20,7 @@ from torch.nn import functional as F
 from attacks.april import April
 from attacks.inverting_gradients import InvertingGradients, _Matcher, infer_labels
 from bench.registry import ATTACKS
-from bench.types import Message, NotApplicable, Observation, TaskAPI
+from bench.types import ImageSpec, Message, NotApplicable, Observation, Public, TaskAPI, ViTSpec
 
 MEAN = (0.5, 0.5, 0.5)
 STD = (0.25, 0.25, 0.25)
@@ -88,16 +88,16 @@ def bn_cnn() -> nn.Module:
         nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
 
 
-def task_api(arch: str, build, **info) -> TaskAPI:
+def task_api(arch: str, build, **fields) -> TaskAPI:
     def loss(model, batch):
         return F.cross_entropy(model(batch[0]), batch[1])
 
-    base = {"input_shape": SHAPE, "num_classes": 10, "mean": list(MEAN), "std": list(STD), "arch": arch}
-    if arch == "vit":
-        base.update(pos_embed_param="pos_embed", patch_embed_param="patch_embed.proj.weight", patch_size=4)
-    base.update(info)
+    image = ImageSpec(input_shape=SHAPE, num_classes=10, mean=tuple(MEAN), std=tuple(STD))
+    vit = ViTSpec(pos_embed_param="pos_embed", patch_embed_param="patch_embed.proj.weight", patch_size=4) \
+        if arch == "vit" else None
+    fields = {"arch": arch, "image": image, "vit": vit, **fields}
     return TaskAPI(name=f"test-{arch}", family="image-cls", loss=loss, per_sample_loss=loss, collate=None,
-                   build_model=build, info=base)
+                   build_model=build, **fields)
 
 
 def client_gradient(model: nn.Module, x: torch.Tensor, y: int, *, train: bool = True) -> dict[str, torch.Tensor]:
@@ -115,7 +115,7 @@ def flrsp_mask(grads: dict[str, torch.Tensor], rate: float, seed: int = 0) -> di
 
 def observe(model, grads, api, kind="gradient", **public) -> Observation:
     msg = Message(client=0, round=0, tensors=grads, num_samples=1, kind=kind)
-    return Observation("client_update", model, msg, api, {"num_samples": 1, **public})
+    return Observation("client_update", model, msg, api, Public(**{"num_samples": 1, **public}))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -131,7 +131,7 @@ def test_both_attacks_are_registered_reconstruction_attacks_on_client_updates():
 def test_april_applies_only_to_vits_with_a_learnable_positional_embedding():
     assert April().applies(task_api("vit", tiny_vit)) is None
     assert "vision transformer" in April().applies(task_api("resnet34", tiny_resnet))
-    assert "positional embedding" in April().applies(task_api("vit", tiny_vit, pos_embed_param=None))
+    assert "positional embedding" in April().applies(task_api("vit", tiny_vit, vit=None))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_april_under_flrsp_random_zeros_loses_the_image():
 def test_april_refuses_batches_larger_than_one():
     model, x = tiny_vit(), photo()
     obs = observe(model, client_gradient(model, x, 1), task_api("vit", tiny_vit))
-    obs = Observation(obs.view, obs.model, obs.message, obs.api, {"num_samples": 2})
+    obs = Observation(obs.view, obs.model, obs.message, obs.api, Public(num_samples=2))
     with pytest.raises(NotApplicable):
         April().run(obs)
 
@@ -309,7 +309,7 @@ def test_train_mode_batchnorm_with_one_value_per_channel_falls_back_to_eval():
     model = build()
     x = torch.randn(3, 32, 32)
     grads = client_gradient(model, x, 1, train=False)
-    rec = InvertingGradients(iterations=1).run(observe(model, grads, task_api("resnet", build), model_mode="train"))
+    rec = InvertingGradients(iterations=1, model_mode="train").run(observe(model, grads, task_api("resnet", build)))
     assert rec.details["model_mode"].startswith("eval")
 
 
@@ -341,11 +341,12 @@ def test_inverting_gradients_positive_control_on_an_undefended_resnet():
 
 
 def full_resnet34() -> nn.Module:
-    """The real ResNet34 (BasicBlock [3, 4, 6, 3], 21.3M parameters) the default preset trains, as
+    """The ResNet34 the default preset trains (BasicBlock [3, 4, 6, 3] at a quarter of the width), as
     models.image builds it for small inputs (no max-pool)."""
+    from bench.scenarios.image_cls import SPECS
     from models.image import resnet34
 
-    return resnet34("default", num_classes=10, img_size=32, seed=0)
+    return resnet34(SPECS["default"].resnet, num_classes=10, img_size=32, seed=0)
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ DELTAS = {"loose": 0.5, "tight": 1e-5}  # loose first: the old bug carried 0.5 i
 def task_with_delta(variant: str, delta: float):
     """The toy task under another variant name, with a scenario dp_delta and client sampling 2 of 3."""
     t = toy_task(rounds=2)
-    api = dataclasses.replace(t.api, info={**t.api.info, "dp_delta": delta})
+    api = dataclasses.replace(t.api, dp_delta=delta)
     return dataclasses.replace(t, variant=variant, api=api, fl=dataclasses.replace(t.fl, clients_per_round=2),
                                config={**t.config, "dp_delta": delta})
 
@@ -76,17 +76,17 @@ def test_each_training_run_calibrates_sigma_at_its_own_delta():
 
 def test_a_configured_delta_wins_over_the_scenarios():
     loose = task_with_delta("loose", 0.5)
-    assert resolve_delta(DPGaussian(delta=1e-3), loose.api.info) == 1e-3
-    assert resolve_delta(DPGaussian(), loose.api.info) == 0.5
-    assert resolve_delta(DPGaussian(), {}) == 1e-5
+    assert resolve_delta(DPGaussian(delta=1e-3), loose.api) == 1e-3
+    assert resolve_delta(DPGaussian(), loose.api) == 0.5
+    assert resolve_delta(DPGaussian(), None) == 1e-5
     # SMP-LoRA's delta is Eq. 10's stabiliser, not a DP delta: it must not become the run's delta
-    assert resolve_delta(SMPLoRA(delta=0.3), loose.api.info) == 0.5
+    assert resolve_delta(SMPLoRA(delta=0.3), loose.api) == 0.5
 
 
 def test_server_optimizer_state_lives_in_the_run_not_the_config():
     d = DPFedLoRA(server_opt="fedavgm")
     before = dataclasses.asdict(d)
-    r1, r2 = new_run(d, {}), new_run(d, {})
+    r1, r2 = new_run(d, None), new_run(d, None)
     assert r1.state["server_opt"] is not r2.state["server_opt"]
     ctx = RoundCtx(round=0, rounds=1, fl=FLConfig(), task=None, generator=None, num_selected=1)
     assert ctx.run is None

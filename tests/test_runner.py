@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from bench.runner import plan, run
+from bench.runplan import CostModel
 from bench.store import Store
 from bench.types import Defense
 from defenses.fedavg import FedAvg
@@ -116,3 +117,38 @@ def test_matched_nonmembers_tops_up_when_a_label_runs_out():
 
     chosen = matched_nonmembers([0, 1, 2], [5, 5, 5], [0, 1, 2, 3], [5, 1, 1, 1])
     assert chosen[0] == 0 and len(set(chosen)) == 4
+
+
+class RecordingBar:
+    """Stands in for the run's tqdm bar: keeps every update."""
+
+    def __init__(self, total, **_):
+        self.total, self.updates = total, []
+
+    def update(self, n):
+        self.updates.append(n)
+
+    def set_postfix_str(self, _):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_the_bar_moves_within_a_training_unit_and_never_beyond_the_work(tmp_path, monkeypatch):
+    import bench.progress
+    import bench.runner
+
+    bars = []
+    monkeypatch.setattr(bench.runner, "progress_bar", lambda **kw: bars.append(RecordingBar(**kw)) or bars[-1])
+    monkeypatch.setattr(bench.progress, "REPORT_S", 0.0)  # report at every step of the toy run
+    task = toy_task(rounds=3)
+
+    run([task], [FedAvg()], [ToyLossMIA()], [0], tmp_path)
+
+    (bar,) = bars
+    train_cost = CostModel().train_cost(task, FedAvg())
+    within = [u for u in bar.updates if u < train_cost / 10]  # shares of the training unit's cost
+    assert len(within) >= 3 * 3 * 2, bar.updates  # rounds x clients x local epochs, at least
+    assert all(u > 0 for u in bar.updates)
+    assert sum(bar.updates) == pytest.approx(bar.total)  # no unit moved the bar beyond its own cost

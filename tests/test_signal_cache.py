@@ -13,7 +13,7 @@ from attacks.gradient_mia import GradientMIA
 from attacks.loss_mia import LossMIA
 from attacks.max_renyi import MaxRenyi
 from bench.signal_cache import SignalCache, fingerprint, group_cache, model_fingerprint
-from bench.types import Observation, TaskAPI
+from bench.types import Observation, Public, TaskAPI
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -96,7 +96,7 @@ def lm_api() -> TaskAPI:
 
     return TaskAPI(name="tiny-lm", family="llm-text", loss=lambda m, b: per_sample_loss(m, b).mean(),
                    per_sample_loss=per_sample_loss, collate=torch.stack, build_model=TinyLM,
-                   info={"parts": ("text",)}, logits=logits)
+                   parts=("text",), logits=logits)
 
 
 def items(n: int, seed: int) -> list[torch.Tensor]:
@@ -106,7 +106,7 @@ def items(n: int, seed: int) -> list[torch.Tensor]:
 
 def observe(model, cache, seed=3) -> Observation:
     return Observation("global_model", model, None, lm_api(),
-                       {"aux_members": items(10, 1), "aux_nonmembers": items(10, 2)}, seed=seed, signals=cache)
+                       Public(aux_members=items(10, 1), aux_nonmembers=items(10, 2)), seed=seed, signals=cache)
 
 
 @pytest.mark.parametrize("attack", [MaxRenyi(batch_size=4), LossMIA(method="proxy", epochs=2),

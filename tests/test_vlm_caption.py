@@ -26,6 +26,7 @@ from models import vlm  # noqa: E402
 from tests.assets import need  # noqa: E402
 
 HAVE_FASHION = Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz").is_file()
+SCENARIO = "vlm-caption"  # the smoke / batch fixtures (tests/conftest.py)
 
 
 def auroc(scores, n_members: int, n_nonmembers: int) -> float:
@@ -88,21 +89,7 @@ def test_grounding_scores_count_missing_class_as_wrong():
 
 
 # ----------------------------------------------------------------------------------------------
-# the smoke task
-
-
-@pytest.fixture(scope="module")
-def smoke():
-    need(HAVE_FASHION, "apt-get install dataset-fashion-mnist")
-    from bench.scenarios.vlm_caption import build
-
-    (task,) = build("smoke")
-    return task
-
-
-@pytest.fixture(scope="module")
-def batch(smoke):
-    return smoke.api.collate([smoke.test_data[i] for i in range(6)])
+# the smoke task (the ``smoke`` and ``batch`` fixtures of tests/conftest.py)
 
 
 def _items(ds):
@@ -110,10 +97,10 @@ def _items(ds):
 
 
 def test_smoke_task_shape_info_and_extras(smoke):
-    info = smoke.api.info
+    api = smoke.api
     assert smoke.id == "vlm-caption" and smoke.preset == "smoke" and smoke.api.family == "vlm-caption"
-    assert info["lora"] is True and info["parts"] == ("image", "caption") and info["arch"] == "llama"
-    assert info["num_layers"] == 5 and info["num_image_tokens"] == 4 and info["num_classes"] == 10
+    assert api.lora is not None and api.parts == ("image", "caption") and api.arch == "llama"
+    assert api.num_layers == 5 and api.caption.num_image_tokens == 4 and api.caption.num_classes == 10
     assert smoke.extras.get("client_utility") is True
     assert len(smoke.client_data) == smoke.fl.num_clients == 4 and smoke.fl.dirichlet_alpha == 0.5
     item = smoke.client_data[0][0]
@@ -149,7 +136,7 @@ def test_prompt_layout_and_collate(smoke, batch):
     ids, cm = it["input_ids"].tolist(), it["caption_mask"].tolist()
     assert ids[:lay.image_start] == list(lay.prefix) and ids[lay.image_end:lay.prompt_len] == list(lay.suffix)
     assert cm[:lay.prompt_len] == [False] * lay.prompt_len and all(cm[lay.prompt_len:]) and ids[-1] == lay.eos_id
-    assert lay.image_start == smoke.api.info["image_start"] and lay.prompt_len == smoke.api.info["prompt_len"]
+    assert lay.image_start == smoke.api.caption.image_start and lay.prompt_len == smoke.api.caption.prompt_len
     n = batch["attention_mask"].sum(1)
     assert batch["images"].dtype == torch.float32 and batch["images"].shape[:2] == (6, 3)
     for b in range(6):  # right padding with pad ids, masks off
@@ -161,7 +148,7 @@ def test_logits_parts_are_the_shifted_slices_of_the_full_forward(smoke, batch):
     for p in model.lm.parameters():  # non-zero LoRA so the check covers the adapted model
         if p.requires_grad:
             torch.nn.init.normal_(p, std=0.05, generator=torch.Generator().manual_seed(0))
-    lay, V = model.layout, smoke.api.info["vocab_size"]
+    lay, V = model.layout, smoke.api.tokens.vocab_size
     B, T = batch["input_ids"].shape
     with torch.no_grad():
         full = model(batch["input_ids"], batch["attention_mask"], batch["images"])
@@ -200,7 +187,7 @@ def test_build_model_is_deterministic_only_lora_trains_and_equals_the_base(smoke
     trainable = smoke.shared_names(m1)
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     assert any(n.startswith("lm.base_model.model.model.layers.4.") for n in trainable)  # peft naming kept
-    from bench.lora import lora_pairs
+    from bench.lora_params import lora_pairs
     assert len(lora_pairs(trainable)) == 5 * 7
     m1.eval()
     with torch.no_grad():
@@ -234,7 +221,7 @@ def test_lora_defenses_apply_to_the_vlm(smoke):
         assert d.applies(smoke.api) is None, d
     model = DPFedLoRA().setup(smoke.api.build_model(), smoke.api)  # only LoRA trains: no NotApplicable
     assert FedPara().setup(model, smoke.api) is model
-    shared, private = FedPer(shared_layers=2).split(smoke.shared_names(model), smoke.api.info)
+    shared, private = FedPer(shared_layers=2).split(smoke.shared_names(model), smoke.api.num_layers)
     assert shared and private and all(".layers.3." in n or ".layers.4." in n for n in shared)
 
 
@@ -261,7 +248,7 @@ def test_utility_reports_caption_metrics_and_a_perfect_captioner_scores_full_mar
     u = smoke.utility(model)
     assert {"test_loss", "perplexity", "bleu1", "bleu4", "rouge", "cider", "class_acc", "tint_acc"} <= set(u)
     assert all(np.isfinite(v) for v in u.values())
-    assert abs(u["test_loss"] - math.log(smoke.api.info["vocab_size"])) < 2.0  # a random model: near uniform
+    assert abs(u["test_loss"] - math.log(smoke.api.tokens.vocab_size)) < 2.0  # a random model: near uniform
     items = _items(smoke.test_data)[:8]
     oracle = make_caption_utility(items, smoke.api.collate, loss_fn=vlm.caption_nll, gen_items=8, batch_size=3,
                                   generate=lambda m, b: [items[i]["caption"] for i in _index_of(items, b)])
@@ -401,7 +388,7 @@ def test_default_fedavg_model_names_the_class_of_held_out_images():
     (task,) = build("default")
     model, _ = run_federated(task, FedAvg(), seed=0)
     items = _items(task.test_data)  # all 128 held-out images (the utility captions 48)
-    utility = make_caption_utility(items, task.api.collate, generate=task.api.info["generate"], loss_fn=vlm.caption_nll,
+    utility = make_caption_utility(items, task.api.collate, generate=task.api.caption.generate, loss_fn=vlm.caption_nll,
                                    gen_items=len(items), batch_size=16)
     u = utility(model.eval())
     print({k: round(v, 3) for k, v in u.items()})  # measured (seed 0, 48 images): class 0.40, tint 0.54

@@ -9,7 +9,7 @@ from torch.nn import functional as F
 
 from bench.fl import split_clients
 from bench.task import Task
-from bench.types import Attack, FLConfig, Reconstructions, Scores, TaskAPI
+from bench.types import Attack, FLConfig, ImageSpec, Reconstructions, Scores, TaskAPI
 
 
 def _collate(items):
@@ -38,9 +38,9 @@ def toy_task(n: int = 96, rounds: int = 2, seed: int = 0, lr: float = 0.05) -> T
     items = list(zip(x, y.tolist()))
     train, non, test = items[: n // 2], items[n // 2: 3 * n // 4], items[3 * n // 4:]
     parts = split_clients([t[1] for t in train], 3, None, seed)
-    api = TaskAPI(name="toy", family="image-cls", loss=_loss, per_sample_loss=_per_sample, collate=_collate,
-                  build_model=_model, info={"input_shape": (3, 8, 8), "num_classes": 4, "mean": [0.5] * 3,
-                                            "std": [0.25] * 3, "arch": "mlp", "lora": False})
+    api = TaskAPI(name="toy", family="image-cls", arch="mlp", loss=_loss, per_sample_loss=_per_sample, collate=_collate,
+                  build_model=_model, image=ImageSpec(input_shape=(3, 8, 8), num_classes=4, mean=(0.5,) * 3,
+                                                      std=(0.25,) * 3))
 
     def utility(model):
         xb, yb = _collate(test)
@@ -74,4 +74,4 @@ class ToyMeanRecon(Attack):
     kind = "reconstruction"
 
     def run(self, obs, candidates):
-        return Reconstructions(torch.zeros(1, *obs.api.info["input_shape"]))
+        return Reconstructions(torch.zeros(1, *obs.api.image.input_shape))

@@ -15,7 +15,7 @@ Two tasks, ``image-cls/vit`` and ``image-cls/resnet34``, share the data and the 
   Adam is assumed. Its 10,000 test images are split (seeded) into 5,000 test and 5,000 non-members,
   because all 50,000 training images are members.
 
-Items are ``(x: float Tensor[3,H,W] normalised with info["mean"/"std"], y: int)``. Members (client data),
+Items are ``(x: float Tensor[3,H,W] normalised with api.image.mean / std, y: int)``. Members (client data),
 non-members and test images are disjoint. Reconstruction targets mix scikit-image photos with client 0's
 training images; photo ``i`` is labelled class ``i % num_classes`` (an arbitrary but valid label: the
 photos are not from the class distribution, they make the picture grids legible).
@@ -34,13 +34,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from bench import data as D
+from bench import data as image_data
 from bench.assets import AssetMissing
 from bench.fl import split_clients
 from bench.registry import register_scenario
-from bench.task import PRESETS, Task, subset_dataset
-from bench.types import FLConfig, TaskAPI
-from models import image as M
+from bench.task import Task, preset_entry, subset_dataset
+from bench.types import FLConfig, ImageSpec, TaskAPI, ViTSpec
+from models import image as image_models
 
 DATA_SEED = 0  # the data subset and the client split
 MODEL_SEED = 0  # build_model: the same initial weights for every call of a task
@@ -59,21 +59,33 @@ class Spec:
     n_client_targets: int  # ... and client 0's training images
     max_membership: int
     dp_delta: float
+    vit: image_models.ViTSize  # the models' shapes (models.image)
+    resnet: image_models.ResNetSize
+    pretrained: bool = False  # ImageNet weights (then vit / resnet are their shapes)
     n_pretrain: int = 0  # public images the base is pre-trained on (0: random initialisation)
-    pretrain: dict[str, M.PretrainConfig] | None = None  # per architecture
+    pretrain: dict[str, image_models.PretrainConfig] | None = None  # per architecture
 
 
 SPECS = {
     "smoke": Spec(img_size=32, n_train=160, n_test=128, n_nonmembers=96, n_photos=2, n_client_targets=2,
-                  max_membership=32, dp_delta=1e-5),
+                  max_membership=32, dp_delta=1e-5,
+                  vit=image_models.ViTSize(patch=8, width=48, depth=2, heads=2, mlp_ratio=2.0),
+                  resnet=image_models.ResNetSize(layers=(1, 1, 1, 1), channels=(16, 32, 64, 128))),
     # 500 members (100 per client) and 600 non-members: >= 250 evaluation candidates per side plus an attacker
     # split; the base is pre-trained on 6,000 further training images (module doc)
     "default": Spec(img_size=28, n_train=500, n_test=1000, n_nonmembers=600, n_photos=4, n_client_targets=4,
                     max_membership=250, dp_delta=1e-5, n_pretrain=6000,
-                    pretrain={"resnet34": M.PretrainConfig(steps=120, batch_size=64, lr=2e-3, weight_decay=0.05),
-                              "vit": M.PretrainConfig(steps=300, batch_size=64, lr=1e-3, weight_decay=0.05)}),
+                    # narrow ViT (patch 7 on 28 px: 16 tokens) and ResNet34's depth at a quarter of its width: the
+                    # CPU budget of pre-training + federated over-fitting here (models.image)
+                    vit=image_models.ViTSize(patch=7, width=128, depth=6, heads=4, mlp_ratio=4.0),
+                    resnet=image_models.ResNetSize(layers=(3, 4, 6, 3), channels=(16, 32, 64, 128)),
+                    pretrain={"resnet34": image_models.PretrainConfig(steps=120, batch_size=64, lr=2e-3,
+                                                                      weight_decay=0.05),
+                              "vit": image_models.PretrainConfig(steps=300, batch_size=64, lr=1e-3,
+                                                                 weight_decay=0.05)}),
     "paper": Spec(img_size=224, n_train=50_000, n_test=5_000, n_nonmembers=5_000, n_photos=4, n_client_targets=11,
-                  max_membership=500, dp_delta=0.5),
+                  max_membership=500, dp_delta=0.5,
+                  vit=image_models.VIT_S16, resnet=image_models.RESNET34, pretrained=True),
 }
 
 
@@ -138,7 +150,7 @@ class BaseSpec:
     indices: tuple[int, ...]
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    cfg: M.PretrainConfig
+    cfg: image_models.PretrainConfig
 
     def key_spec(self, arch: str, preset: str, img_size: int, num_classes: int) -> dict[str, Any]:
         """The identity the cache is keyed by (with ``cfg``): model, data source and the exact images."""
@@ -153,17 +165,23 @@ def _pretrain_data(preset: str, base: BaseSpec, img_size: int) -> tuple[Tensor, 
     if src.name != base.source:
         raise ValueError(f"the base was specified on {base.source}, but the data source now is {src.name}")
     idx = np.asarray(base.indices, dtype=np.int64)
-    return D.to_tensor(src.train_x[idx], img_size, base.mean, base.std), torch.from_numpy(src.train_y[idx].copy())
+    return (image_data.to_tensor(src.train_x[idx], img_size, base.mean, base.std),
+            torch.from_numpy(src.train_y[idx].copy()))
 
 
 def build_model(arch: str, preset: str, img_size: int, num_classes: int, base: BaseSpec | None = None) -> nn.Module:
     """The task's initial model: seeded random weights, or (``base``) the cached pre-trained ones."""
-    fn = M.vit if arch == "vit" else M.resnet34
-    make = functools.partial(fn, preset, num_classes=num_classes, img_size=img_size, seed=MODEL_SEED)
+    spec = SPECS[preset]
+    if arch == "vit":
+        make = functools.partial(image_models.vit, spec.vit, num_classes=num_classes, img_size=img_size,
+                                 seed=MODEL_SEED, pretrained=spec.pretrained)
+    else:
+        make = functools.partial(image_models.resnet34, spec.resnet, num_classes=num_classes, img_size=img_size,
+                                 seed=MODEL_SEED, pretrained=spec.pretrained)
     model = make()
     if base is not None:
-        state, _ = M.load_or_pretrain(make, base.cfg, base.key_spec(arch, preset, img_size, num_classes),
-                                      functools.partial(_pretrain_data, preset, base, img_size))
+        state, _ = image_models.load_or_pretrain(make, base.cfg, base.key_spec(arch, preset, img_size, num_classes),
+                                                 functools.partial(_pretrain_data, preset, base, img_size))
         model.load_state_dict(state)
     return model
 
@@ -189,11 +207,11 @@ def evaluate(model: nn.Module, data: Dataset, *, batch_size: int = 256) -> dict[
 # data
 
 
-def _source(preset: str) -> D.ImageSource:
-    return D.cifar10() if preset == "paper" else D.load_grayscale_source()
+def _source(preset: str) -> image_data.ImageSource:
+    return image_data.cifar10() if preset == "paper" else image_data.load_grayscale_source()
 
 
-def _indices(src: D.ImageSource, spec: Spec) -> dict[str, Any]:
+def _indices(src: image_data.ImageSource, spec: Spec) -> dict[str, Any]:
     """Disjoint member / non-member / test indices; test from the official test split when there is one."""
     rng = np.random.default_rng(DATA_SEED)
     perm = rng.permutation(len(src.train_x))
@@ -217,7 +235,24 @@ def _indices(src: D.ImageSource, spec: Spec) -> dict[str, Any]:
             "nonmembers_from": "train", "test": tperm[:spec.n_test], "pretrain": pre}
 
 
-def _need(src: D.ImageSource, n: int, have: int, what: str) -> None:
+# Attacker-side population images per preset (reference models, [RMIA] / [LiRA]): training-split images in no
+# other role; half train the reference models (>= n_train), half are RMIA's z samples (bench.reference).
+N_POPULATION = {"smoke": 480, "default": 3000, "paper": 0}
+
+
+def _population_indices(src: image_data.ImageSource, idx: dict, n: int) -> np.ndarray:
+    """The first ``n`` training-split images of the data permutation that are no member, non-member, test or
+    pre-training image (disjoint from every candidate of every cell)."""
+    used = {int(i) for k in ("train", "pretrain") for i in idx[k]}
+    if idx["nonmembers_from"] == "train":
+        used.update(int(i) for i in idx["nonmembers"])
+    if src.test_x is None:
+        used.update(int(i) for i in idx["test"])
+    perm = np.random.default_rng(DATA_SEED).permutation(len(src.train_x))
+    return np.asarray([i for i in perm if int(i) not in used][:n], dtype=np.int64)
+
+
+def _need(src: image_data.ImageSource, n: int, have: int, what: str) -> None:
     if n > have:
         raise ValueError(f"{src.name} has {have} {what}; the preset needs {n}")
 
@@ -232,20 +267,20 @@ class _Data:
     target_kinds: list[str]
 
 
-def _datasets(src: D.ImageSource, idx: dict, spec: Spec, fl: FLConfig, mean, std) -> _Data:
+def _datasets(src: image_data.ImageSource, idx: dict, spec: Spec, fl: FLConfig, mean, std) -> _Data:
     test_pool_x = src.test_x if src.test_x is not None else src.train_x
     test_pool_y = src.test_y if src.test_y is not None else src.train_y
     non_x = test_pool_x if idx["nonmembers_from"] == "test" else src.train_x
     non_y = test_pool_y if idx["nonmembers_from"] == "test" else src.train_y
-    mk = functools.partial(D.ImageDataset, size=spec.img_size, mean=mean, std=std)
+    mk = functools.partial(image_data.ImageDataset, size=spec.img_size, mean=mean, std=std)
     members = mk(src.train_x[idx["train"]], src.train_y[idx["train"]])
     parts = split_clients(members.labels.tolist(), fl.num_clients, fl.dirichlet_alpha, seed=DATA_SEED)
     clients = [subset_dataset(members, p) for p in parts]
     test = mk(test_pool_x[idx["test"]], test_pool_y[idx["test"]])
     nonmembers = mk(non_x[idx["nonmembers"]], non_y[idx["nonmembers"]])
     num_classes = len(src.classes)
-    names = D.PHOTOS[:spec.n_photos]
-    photo_x = D.to_tensor(D.photos(names, spec.img_size), spec.img_size, mean, std) if names else []
+    names = image_data.PHOTOS[:spec.n_photos]
+    photo_x = image_data.to_tensor(image_data.photos(names, spec.img_size), spec.img_size, mean, std) if names else []
     targets = [(photo_x[i], i % num_classes) for i in range(len(names))]
     kinds = [f"photo:{n}" for n in names]
     for j in range(min(spec.n_client_targets, len(clients[0]))):
@@ -260,15 +295,13 @@ def _datasets(src: D.ImageSource, idx: dict, spec: Spec, fl: FLConfig, mean, std
 @register_scenario(name="image-cls")
 def build(preset: str) -> list[Task]:
     """The ``vit`` and ``resnet34`` tasks of ``image-cls`` at ``preset`` (module doc)."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
-    spec = SPECS[preset]
+    spec = preset_entry(SPECS, preset)
     weights: dict[str, dict] = {}
-    if preset == "paper":  # fail at once, naming every missing asset
+    if spec.pretrained:  # fail at once, naming every missing asset (the weights and the paper data)
         missing = []
         for arch in VARIANTS:
             try:
-                weights[arch] = M.paper_weights(arch)
+                weights[arch] = image_models.paper_weights(arch)
             except AssetMissing as e:
                 missing.append(str(e))
         try:
@@ -280,32 +313,32 @@ def build(preset: str) -> list[Task]:
     else:
         src = _source(preset)
     idx = _indices(src, spec)
+    pop_idx = _population_indices(src, idx, N_POPULATION[preset])
     num_classes = len(src.classes)
     tasks = []
     for arch in VARIANTS:
         fl = fl_config(preset, arch)
-        mean, std = M.NORMALISATION[arch]
+        mean, std = image_models.NORMALISATION[arch]
         d = _datasets(src, idx, spec, fl, mean, std)
         base = None
         if spec.n_pretrain and spec.pretrain is not None:
             base = BaseSpec(src.name, tuple(int(i) for i in idx["pretrain"]), tuple(mean), tuple(std), spec.pretrain[arch])
-        info: dict[str, Any] = {"input_shape": (3, spec.img_size, spec.img_size), "num_classes": num_classes,
-                                "classes": tuple(src.classes), "mean": list(mean), "std": list(std),
-                                "arch": arch, "lora": False, "dp_delta": spec.dp_delta,
-                                "inversion_iterations": INVERSION_ITERATIONS[preset]}
-        if arch == "vit":
-            info.update({"pos_embed_param": "pos_embed", "patch_embed_param": "patch_embed.proj.weight",
-                         "patch_size": M.vit_patch_size(preset), "num_prefix_tokens": 1, "class_token": True})
-        api = TaskAPI(name=f"image-cls/{arch}", family="image-cls", loss=loss, per_sample_loss=per_sample_loss,
-                      collate=collate, info=info,
+        image = ImageSpec(input_shape=(3, spec.img_size, spec.img_size), num_classes=num_classes,
+                          classes=tuple(src.classes), mean=tuple(mean), std=tuple(std),
+                          inversion_iterations=INVERSION_ITERATIONS[preset])
+        vit = ViTSpec(pos_embed_param="pos_embed", patch_embed_param="patch_embed.proj.weight",
+                      patch_size=spec.vit.patch, num_prefix_tokens=1, class_token=True) if arch == "vit" else None
+        api = TaskAPI(name=f"image-cls/{arch}", family="image-cls", arch=arch, image=image, vit=vit,
+                      dp_delta=spec.dp_delta, population_size=len(pop_idx),
+                      loss=loss, per_sample_loss=per_sample_loss, collate=collate,
                       build_model=functools.partial(build_model, arch, preset, spec.img_size, num_classes, base))
         model_cfg: dict[str, Any] = {"arch": arch, "seed": MODEL_SEED, "builder": f"models.image.{arch}"}
-        if preset == "paper":
-            hub_id, rev = M.PAPER_WEIGHTS[arch]
+        if spec.pretrained:
+            hub_id, rev = image_models.PAPER_WEIGHTS[arch]
             model_cfg.update({"pretrained": True, "hub_id": hub_id, "revision": rev, "commit": weights[arch]["commit"]})
         else:
             model_cfg.update({"pretrained": base is not None, "stem_maxpool": False if arch == "resnet34" else None,
-                              "patch_size": info.get("patch_size")})
+                              "patch_size": vit.patch_size if vit is not None else None})
             if base is not None:  # the cache key's identity; the weights live in $BENCH_CACHE/image/<key>
                 model_cfg["pretrain"] = {**base.key_spec(arch, preset, spec.img_size, num_classes),
                                          "images": "the last n_images of the data permutation (disjoint from "
@@ -323,5 +356,8 @@ def build(preset: str) -> list[Task]:
         }
         tasks.append(Task(scenario="image-cls", variant=arch, preset=preset, api=api, fl=fl, client_data=d.clients,
                           test_data=d.test, utility=functools.partial(evaluate, data=d.test), nonmembers=d.nonmembers,
-                          recon_targets=d.targets, max_membership=spec.max_membership, config=config))
+                          recon_targets=d.targets, max_membership=spec.max_membership, config=config,
+                          population=image_data.ImageDataset(src.train_x[pop_idx], src.train_y[pop_idx],
+                                                             size=spec.img_size, mean=mean, std=std)
+                          if len(pop_idx) else None))
     return tasks

@@ -35,8 +35,8 @@ from bench.data import Items, fashion_mnist_for
 from bench.fl import split_clients
 from bench.progress import progress
 from bench.registry import register_scenario
-from bench.task import Task
-from bench.types import FLConfig, TaskAPI
+from bench.task import Task, preset_entry
+from bench.types import DiffusionOps, DiffusionSpec, FLConfig, LoraSpec, TaskAPI
 from bench.utility_gen import make_generation_utility, mean_loss
 from models import ldm
 
@@ -46,7 +46,9 @@ PAPER_DATA_COMMIT = "c3182917b91862aa7883bddcd0570faaadb11833"
 
 
 @dataclass(frozen=True)
-class Preset:
+class Spec:
+    """What a preset pins (one entry of :data:`SPECS`, keyed by ``bench.task.PRESETS``)."""
+
     model: ldm.LDMConfig
     n_aux_m: int
     n_te_m: int
@@ -62,31 +64,34 @@ class Preset:
     data_seed: int = 0
     model_seed: int = 0
     notes: dict = field(default_factory=dict)
+    model_label: str = ""  # task.config["model"]["model"] (a cache-key label; paper: the hub id instead)
 
 
-PRESETS: dict[str, Preset] = {
+SPECS: dict[str, Spec] = {
     # Tiny model; its UNet is pre-trained for 160 steps on 512 public images (random VAE) so that it
     # denoises at all (a random UNet's LoRA barely memorises); cached. 6 epochs of 32 members = 24 steps.
-    "smoke": Preset(
+    "smoke": Spec(
         model=ldm.LDMConfig(vae_channels=(8, 8, 16), unet_channels=(16, 32), text="hash", text_dim=32, text_len=12,
                             lora_r=8, lora_alpha=8.0, unet_steps=160, unet_batch=16),
         n_aux_m=16, n_te_m=16, n_aux_nm=16, n_te_nm=16, n_heldout=16, n_public=512,
         fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=3, batch_size=8, lr=5e-3,
                     optimizer="adamw", weight_decay=0.0),
-        central_epochs=6, gen_steps=4, max_membership=16),
+        central_epochs=6, gen_steps=4, max_membership=16,
+        model_label="tiny random LDM (diffusers AutoencoderKL + UNet2DConditionModel)"),
     # Pre-trained base (see load_or_pretrain). Measured (seed 0, released LoRA, loss-threshold attack): 40 epochs
     # at alpha 4 left AUROC 0.53 (nothing for a defense to stop); 200 epochs at alpha 8 (scale 1) give 0.65 with
     # held-out denoising loss 0.032 vs 0.030 and the same FID (~135), ~4 min per central training run here.
-    "default": Preset(
+    "default": Spec(
         model=ldm.LDMConfig(vae_channels=(8, 16, 32), unet_channels=(32, 64), text="minilm", text_dim=384,
                             text_len=16, lora_r=8, lora_alpha=8.0, vae_steps=300, vae_batch=32,
                             unet_steps=1000, unet_batch=64),
         n_aux_m=64, n_te_m=64, n_aux_nm=64, n_te_nm=64, n_heldout=96, n_public=10000,
         fl=FLConfig(num_clients=4, clients_per_round=4, rounds=10, local_epochs=4, batch_size=8, lr=1e-3,
                     optimizer="adamw", weight_decay=0.0),
-        central_epochs=200, gen_steps=20, max_membership=64),
+        central_epochs=200, gen_steps=20, max_membership=64,
+        model_label="small LDM pre-trained from scratch on public Fashion-MNIST"),
     # [SMP-LoRA] Table 4 (Pokemon) and Table 5.
-    "paper": Preset(
+    "paper": Spec(
         model=ldm.LDMConfig(image_size=512, text="clip", text_dim=768, text_len=77, lora_r=64, lora_alpha=32.0),
         n_aux_m=200, n_te_m=200, n_aux_nm=200, n_te_nm=233, n_heldout=0,
         fl=FLConfig(num_clients=4, clients_per_round=4, rounds=100, local_epochs=4, batch_size=1, lr=1e-4,
@@ -126,7 +131,7 @@ def make_items(cfg: ldm.LDMConfig, images: np.ndarray, labels: np.ndarray, *, se
             for x, c, y, a in zip(ims, caps, labs, attrs)]
 
 
-def private_splits(p: Preset) -> dict[str, list[dict]]:
+def private_splits(p: Spec) -> dict[str, list[dict]]:
     """D_aux^m, D_te^m, D_aux^nm, D_te^nm and the held-out set: disjoint slices of one permutation of the
     Fashion-MNIST test images (the private pool), rendered with per-image augmentations."""
     src = _fashion()
@@ -146,7 +151,7 @@ def private_splits(p: Preset) -> dict[str, list[dict]]:
     return out
 
 
-def public_data(p: Preset) -> tuple[Tensor, Tensor, Tensor]:
+def public_data(p: Spec) -> tuple[Tensor, Tensor, Tensor]:
     """The pre-training set: ``n_public`` Fashion-MNIST *training* images (disjoint from the private pool),
     augmented and captioned: (images [N,3,H,W] fp16, unique caption states [U,L,D] fp16, index [N])."""
     src = _fashion()
@@ -160,7 +165,7 @@ def public_data(p: Preset) -> tuple[Tensor, Tensor, Tensor]:
             torch.tensor([row[c] for c in caps], dtype=torch.long))
 
 
-def public_spec(p: Preset) -> dict[str, Any]:
+def public_spec(p: Spec) -> dict[str, Any]:
     return {"source": "fashion-mnist train (Debian dataset-fashion-mnist)", "n": p.n_public, "seed": p.data_seed,
             "captions": "bench.captions v1", "text": p.model.text}
 
@@ -169,7 +174,7 @@ def public_spec(p: Preset) -> dict[str, Any]:
 # the task
 
 
-def _base_factory(p: Preset):
+def _base_factory(p: Spec):
     """A function returning a fresh copy of the (cached) base model; the base is built on first use."""
     holder: dict[str, ldm.LatentDiffusion] = {}
 
@@ -188,23 +193,20 @@ def _base_factory(p: Preset):
 
 
 def build_task(preset: str) -> Task:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
-    p = PRESETS[preset]
+    p = preset_entry(SPECS, preset)
     if preset == "paper":
         return _paper_task(p)
     splits = private_splits(p)
     make_base = _base_factory(p)
     return _assemble("ldm-t2i", preset, p, splits, make_base, ldm.generate,
-                     {"model": "tiny random LDM (diffusers AutoencoderKL + UNet2DConditionModel)" if preset == "smoke"
-                      else "small LDM pre-trained from scratch on public Fashion-MNIST",
+                     {"model": p.model_label,
                       "text_encoder": "hashed bag of words" if p.model.text == "hash" else "all-MiniLM-L6-v2 "
                       f"({ldm.MINILM_PACKAGE})", "ldm": p.model.arch(),
                       "pretrain_data": public_spec(p) if p.model.unet_steps else None,
                       "private_pool": "fashion-mnist test split (10k)"})
 
 
-def _assemble(name: str, preset: str, p: Preset, splits: dict[str, list[dict]], make_base, generate,
+def _assemble(name: str, preset: str, p: Spec, splits: dict[str, list[dict]], make_base, generate,
               model_cfg: dict[str, Any], n_blocks: int | None = None) -> Task:
     members = Items(splits["aux_members"] + splits["te_members"])
     nonmembers = Items(splits["aux_nonmembers"] + splits["te_nonmembers"])
@@ -219,14 +221,15 @@ def _assemble(name: str, preset: str, p: Preset, splits: dict[str, list[dict]], 
 
     if n_blocks is None:  # transformer blocks: lpb per down level, lpb + 1 per up level, one in the middle
         n_blocks = len(p.model.unet_channels) * (2 * p.model.layers_per_block + 1) + 1
-    info = {"lora": True, "num_layers": n_blocks, "arch": "unet", "parts": (),
-            "lora_r": p.model.lora_r, "lora_alpha": p.model.lora_alpha, "lora_targets": p.model.lora_targets,
-            "image_size": p.model.image_size, "num_timesteps": p.model.num_train_timesteps,
-            "loss_at_timestep": ldm.loss_at_timestep,
-            "loss_at_timesteps": ldm.loss_at_timesteps, "denoise_error": ldm.denoise_error,
-            "eval_timesteps": tuple(ldm.eval_timesteps(p.model.num_train_timesteps)), "aux_sets": True}
-    api = TaskAPI(name=name, family="ldm-t2i", loss=ldm.train_loss, per_sample_loss=ldm.per_sample_loss,
-                  collate=ldm.collate, build_model=build_model, info=info, logits=None)
+    diffusion = DiffusionSpec(num_timesteps=p.model.num_train_timesteps, image_size=p.model.image_size,
+                              eval_timesteps=tuple(ldm.eval_timesteps(p.model.num_train_timesteps)))
+    api = TaskAPI(name=name, family="ldm-t2i", arch="unet", num_layers=n_blocks,
+                  lora=LoraSpec(r=p.model.lora_r, alpha=p.model.lora_alpha, targets=tuple(p.model.lora_targets)),
+                  diffusion=diffusion, aux_sets=True,
+                  diffusion_ops=DiffusionOps(loss_at_timestep=ldm.loss_at_timestep,
+                                             loss_at_timesteps=ldm.loss_at_timesteps, denoise_error=ldm.denoise_error),
+                  loss=ldm.train_loss, per_sample_loss=ldm.per_sample_loss, collate=ldm.collate,
+                  build_model=build_model, logits=None)
     real = torch.stack([it["image"].float() for it in heldout.items])
     texts = torch.stack([it["text"].float() for it in heldout.items])
     utility = make_generation_utility(
@@ -235,7 +238,7 @@ def _assemble(name: str, preset: str, p: Preset, splits: dict[str, list[dict]], 
     sizes = {k: len(v) for k, v in splits.items()}
     config = {**model_cfg, "splits": sizes, "client_sizes": [len(c) for c in parts], "central_epochs": p.central_epochs,
               "lora": {"r": p.model.lora_r, "alpha": p.model.lora_alpha, "targets": list(p.model.lora_targets)},
-              "eval_timesteps": info["eval_timesteps"], "gen_steps": p.gen_steps, "guidance": p.guidance,
+              "eval_timesteps": diffusion.eval_timesteps, "gen_steps": p.gen_steps, "guidance": p.guidance,
               "data_seed": p.data_seed, "model_seed": p.model_seed, **p.notes}
     extras = {"aux_members": list(splits["aux_members"]), "aux_nonmembers": list(splits["aux_nonmembers"]),
               "te_members": list(splits["te_members"]), "te_nonmembers": list(splits["te_nonmembers"])}
@@ -271,7 +274,7 @@ def _paper_images(folder: Path, size: int) -> tuple[list[Tensor], list[str]]:
     return ims, caps
 
 
-def _paper_task(p: Preset) -> Task:
+def _paper_task(p: Spec) -> Task:
     model, tok, text_model = ldm.load_sd15()  # AssetMissing at once when SD v1.5 is not cached
     folder = Path(os.environ.get(PAPER_DATA_ENV, ""))
     if not os.environ.get(PAPER_DATA_ENV) or not folder.is_dir():

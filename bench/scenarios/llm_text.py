@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -27,15 +28,17 @@ from torch.utils.data import DataLoader, Subset
 from bench.fl import split_clients
 from bench.progress import progress
 from bench.registry import register_scenario
-from bench.task import Task
+from bench.task import Task, preset_entry
 from bench.text_data import (ALPACA_GPT4_ID, CompactVocab, TextCorpus, TokenizedTexts, collate_pad, load_alpaca_gpt4, load_fortunes,
                              stratified_split)
-from bench.types import FLConfig, TaskAPI
+from bench.types import FLConfig, LoraSpec, TaskAPI, TokenSpec
 from models import llm
 
 
 @dataclass(frozen=True)
-class Preset:
+class Spec:
+    """What a preset pins (one entry of :data:`SPECS`, keyed by ``bench.task.PRESETS``)."""
+
     model: str  # "tiny-llama" | "smollm2-135m" | "llama-2-7b"
     data: str  # "fortunes" | "alpaca-gpt4"
     n_members: int
@@ -56,10 +59,10 @@ class Preset:
     central_epochs: int | None = None  # the released (central LoRA) model's epochs; None = fl.local_epochs
 
 
-PRESETS: dict[str, Preset] = {
+SPECS: dict[str, Spec] = {
     # Over-fits on purpose (many local epochs, high lr, small clients) so that the positive controls of
     # the membership attacks have something to find; a FedAvg run takes seconds.
-    "smoke": Preset(
+    "smoke": Spec(
         model="tiny-llama", data="fortunes", n_members=96, n_nonmembers=96, n_test=64, max_len=32,
         fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=2, batch_size=8, lr=1e-2,
                     optimizer="adamw", weight_decay=0.0, dirichlet_alpha=0.5),
@@ -81,7 +84,7 @@ PRESETS: dict[str, Preset] = {
     # so 4 uncapped rounds (~4 epochs, ~156 steps) clear AUROC 0.75 in both views. Wall time on this 2-core
     # machine shared with ~7 processes: 7.7-27 s per step (248 s per 32 steps at the lightest load); not yet
     # confirmed with `bench run` at 250 candidates per side (see the lm report).
-    "default": Preset(
+    "default": Spec(
         model="smollm2-135m", data="fortunes", n_members=312, n_nonmembers=400, n_test=128, max_len=32,
         fl=FLConfig(num_clients=4, clients_per_round=4, rounds=4, local_epochs=1, batch_size=8, lr=5e-3,
                     optimizer="adamw", weight_decay=1e-6, dirichlet_alpha=0.5, max_local_steps=None),
@@ -90,7 +93,7 @@ PRESETS: dict[str, Preset] = {
         max_membership=250, central_epochs=4),
     # DP-FedLoRA s.V-A: 20 clients, 2 per round, 200 rounds of 10 local steps, AdamW, batch 16,
     # 512 tokens, LoRA r=32 alpha=64; 20,000 Alpaca-GPT4 samples (its public script's --dataset_sample).
-    "paper": Preset(
+    "paper": Spec(
         model="llama-2-7b", data="alpaca-gpt4", n_members=20000, n_nonmembers=2000, n_test=1000, max_len=512,
         fl=FLConfig(num_clients=20, clients_per_round=2, rounds=200, local_epochs=1, batch_size=16, lr=5e-5,
                     optimizer="adamw", weight_decay=0.0, dirichlet_alpha=None, max_local_steps=10),
@@ -175,7 +178,7 @@ def make_utility(test_data, collate: Callable, batch_size: int) -> Callable[[nn.
 # building blocks per preset
 
 
-def _corpus(p: Preset) -> tuple[TextCorpus, dict[str, Any]]:
+def _corpus(p: Spec) -> tuple[TextCorpus, dict[str, Any]]:
     if p.data == "fortunes":
         c = load_fortunes()
         return c, {"data": "debian fortunes + fortunes-min", "data_source": c.source, "corpus_size": len(c)}
@@ -183,7 +186,7 @@ def _corpus(p: Preset) -> tuple[TextCorpus, dict[str, Any]]:
     return corpus, {"data": ALPACA_GPT4_ID, "data_revision": commit, "corpus_size": len(corpus)}
 
 
-def _tokenizer_and_base(p: Preset, texts: Sequence[str] | None = None
+def _tokenizer_and_base(p: Spec, texts: Sequence[str] | None = None
                         ) -> tuple[Any, Callable[[], nn.Module], Any, dict[str, Any]]:
     """The tokenizer, a factory of fresh base models (loaded once, deep-copied per call), the model
     config (read without loading weights for the paper model) and what to record in the task config.
@@ -211,10 +214,21 @@ def _tokenizer_and_base(p: Preset, texts: Sequence[str] | None = None
         "model": llm.LLAMA2_ID, "model_revision": llm.LLAMA2_REVISION, "quantization": "4-bit nf4"}
 
 
+# Attacker-side population texts per preset (reference models, [RMIA] / [LiRA]): corpus texts in no other role;
+# half train the reference models (>= the members' count), half are RMIA's z samples (bench.reference). None on
+# smoke: its compact vocabulary covers the candidates' tokens only, so other texts would be out of distribution.
+N_POPULATION = {"smoke": 0, "default": 1200, "paper": 0}
+
+
+def _population(corpus: TextCorpus, used: Sequence[Sequence[int]], n: int, seed: int) -> list[int]:
+    """Up to ``n`` corpus positions that are no member, non-member or test text, in a seeded order."""
+    taken = {int(i) for idx in used for i in idx}
+    order = np.random.default_rng([seed, 0x504F50]).permutation(len(corpus)).tolist()
+    return [i for i in order if i not in taken][:max(n, 0)]
+
+
 def build_task(preset: str) -> Task:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
-    p = PRESETS[preset]
+    p = preset_entry(SPECS, preset)
     if not p.compact_vocab:  # the model first: a missing paper model fails at once, naming it
         tok, make_base, hf_config, model_cfg = _tokenizer_and_base(p)
     corpus, data_cfg = _corpus(p)
@@ -232,6 +246,7 @@ def build_task(preset: str) -> Task:
         return TokenizedTexts([corpus.texts[i] for i in idx], [corpus.labels[i] for i in idx], tok, p.max_len)
 
     member_ds, nonmember_ds, test_ds = texts(members), texts(nonmembers), texts(test)
+    pop = _population(corpus, (members, nonmembers, test), N_POPULATION[preset], p.data_seed)
     parts = split_clients(member_ds.labels, p.fl.num_clients, p.fl.dirichlet_alpha, seed=p.data_seed)
     client_data = [Subset(member_ds, idx) for idx in parts]
     pid = llm.pad_id(tok)
@@ -244,12 +259,12 @@ def build_task(preset: str) -> Task:
         return llm.add_lora(make_base(), r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
                             targets=p.lora_targets, seed=p.model_seed)
 
-    info = {"lora": True, "parts": ("text",), "num_layers": int(hf_config.num_hidden_layers), "arch": "llama",
-            "lora_r": p.lora_r, "lora_alpha": p.lora_alpha, "lora_targets": p.lora_targets,
-            "vocab_size": int(hf_config.vocab_size), "max_len": p.max_len, "pad_id": pid,
-            "num_categories": len(corpus.categories)}
-    api = TaskAPI(name="llm-text", family="llm-text", loss=lm_loss, per_sample_loss=lm_per_sample_loss,
-                  collate=collate, build_model=build_model, info=info, logits=lm_logits)
+    api = TaskAPI(name="llm-text", family="llm-text", arch="llama", num_layers=int(hf_config.num_hidden_layers),
+                  lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)), parts=("text",),
+                  tokens=TokenSpec(vocab_size=int(hf_config.vocab_size), max_len=p.max_len, pad_id=pid,
+                                   num_categories=len(corpus.categories)),
+                  loss=lm_loss, per_sample_loss=lm_per_sample_loss, collate=collate, build_model=build_model,
+                  logits=lm_logits, population_size=len(pop))
     config = {**model_cfg, **data_cfg, "max_len": p.max_len, "n_members": len(member_ds),
               "n_nonmembers": len(nonmember_ds), "n_test": len(test_ds), "client_sizes": [len(c) for c in parts],
               "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
@@ -257,7 +272,7 @@ def build_task(preset: str) -> Task:
     return Task(scenario="llm-text", variant="", preset=preset, api=api, fl=p.fl, client_data=client_data,
                 test_data=test_ds, utility=make_utility(test_ds, collate, p.fl.batch_size), nonmembers=nonmember_ds,
                 central_data=member_ds, central_epochs=p.central_epochs or p.fl.local_epochs, max_membership=p.max_membership,
-                config=config)
+                config=config, population=texts(pop) if pop else None)
 
 
 @register_scenario(name="llm-text")

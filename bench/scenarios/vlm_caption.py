@@ -37,16 +37,18 @@ from bench.data import Items, fashion_mnist_for
 from bench.caption_metrics import make_caption_utility
 from bench.fl import split_clients
 from bench.registry import register_scenario
-from bench.task import Task
+from bench.task import Task, preset_entry
 from bench.text_data import stratified_split
-from bench.types import FLConfig, TaskAPI
+from bench.types import CaptionSpec, FLConfig, LoraSpec, TaskAPI, TokenSpec
 from models import llm, vlm
 
 PAPER_DATA_ENV = "BENCH_VLM_PAPER_DATA"
 
 
 @dataclass(frozen=True)
-class Preset:
+class Spec:
+    """What a preset pins (one entry of :data:`SPECS`, keyed by ``bench.task.PRESETS``)."""
+
     model: str  # "tiny" | "effnet-smollm2" | "tinyllava"
     n_members: int
     n_nonmembers: int
@@ -74,13 +76,13 @@ class Preset:
     notes: dict = field(default_factory=dict)
 
 
-PRESETS: dict[str, Preset] = {
+SPECS: dict[str, Spec] = {
     # Over-fits on purpose (many local epochs, high lr, small clients) so the membership attacks' positive
     # controls have something to find; a FedAvg run is ~170 steps of ~40 ms (single thread). Measured (4 seeds,
     # all of the target client's images vs as many non-members): FedAvg client-view MaxRényi-10% caption
     # AUROC 0.87-0.93 at 6 local epochs (0.76-0.86 at 4); the image slice stays at 0.41-0.61.
     # The projector stays random and frozen: aligning it to a random LM teaches it nothing.
-    "smoke": Preset(
+    "smoke": Spec(
         model="tiny", n_members=96, n_nonmembers=96, n_test=48,
         fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=6, batch_size=8, lr=5e-3,
                     optimizer="adamw", weight_decay=0.0, dirichlet_alpha=0.5),
@@ -97,7 +99,7 @@ PRESETS: dict[str, Preset] = {
     # of FedRand's 3e-4 (its 30 rounds are ~50x more steps); measured on FedAvg, seed 0: held-out loss 0.79 vs
     # 0.87, class accuracy 0.40 both, client-view loss-attack AUROC 0.93 vs 0.67, MaxRényi-10% caption 0.56
     # vs 0.47 (the entropy scores stay near chance at this budget; the aligned base model: class acc 0.19).
-    "default": Preset(
+    "default": Spec(
         model="effnet-smollm2", n_members=96, n_nonmembers=256, n_test=128,
         fl=FLConfig(num_clients=4, clients_per_round=2, rounds=3, local_epochs=10, batch_size=8, lr=1e-3,
                     optimizer="adamw", weight_decay=1e-6, dirichlet_alpha=0.5, max_local_steps=15),
@@ -106,7 +108,7 @@ PRESETS: dict[str, Preset] = {
         n_public=3200, projector_steps=200, projector_batch=16, projector_lr=2e-3, gen_items=48, gen_tokens=24),
     # [FedRand] s.4.1 and App. A.1: 50k MSCOCO training images, 5k held out; 12 clients, 4 per round, 30 rounds
     # of one local epoch, AdamW 3e-4, wd 1e-6, batch 8, LoRA rank 8; 300 members vs 300 non-members.
-    "paper": Preset(
+    "paper": Spec(
         model="tinyllava", n_members=50000, n_nonmembers=5000, n_test=5000,
         fl=FLConfig(num_clients=12, clients_per_round=4, rounds=30, local_epochs=1, batch_size=8, lr=3e-4,
                     optimizer="adamw", weight_decay=1e-6, dirichlet_alpha=None),
@@ -232,7 +234,7 @@ def caption_words() -> list[str]:
     return [w for ph in phrases for w in ph.split()]
 
 
-def private_splits(p: Preset, tokenizer, layout: vlm.PromptLayout) -> tuple[list[dict], list[dict], list[dict]]:
+def private_splits(p: Spec, tokenizer, layout: vlm.PromptLayout) -> tuple[list[dict], list[dict], list[dict]]:
     """Members, non-members, test: disjoint class-stratified slices of the Fashion-MNIST test split."""
     src = _fashion()
     n = len(src.test_y)
@@ -245,7 +247,7 @@ def private_splits(p: Preset, tokenizer, layout: vlm.PromptLayout) -> tuple[list
                               source_index=idx) for idx in (sorted(s) for s in splits))
 
 
-def public_items(p: Preset, tokenizer, layout: vlm.PromptLayout) -> list[dict]:
+def public_items(p: Spec, tokenizer, layout: vlm.PromptLayout) -> list[dict]:
     """Projector-alignment images: ``n_public`` of the Fashion-MNIST *training* images (disjoint from the pool)."""
     src = _fashion()
     idx = np.sort(np.random.default_rng(p.data_seed + 1).permutation(len(src.train_y))[:p.n_public])
@@ -257,7 +259,7 @@ def public_items(p: Preset, tokenizer, layout: vlm.PromptLayout) -> list[dict]:
 # models per preset
 
 
-def _encoder_and_lm(p: Preset) -> tuple[nn.Module, Callable[[], nn.Module], Any, dict[str, Any]]:
+def _encoder_and_lm(p: Spec) -> tuple[nn.Module, Callable[[], nn.Module], Any, dict[str, Any]]:
     """(frozen encoder, factory of fresh base LMs, tokenizer, what to record in the task config)."""
     if p.model == "tiny":
         tok = vlm.word_tokenizer(vlm.prompt_words() + caption_words())
@@ -274,9 +276,7 @@ def _encoder_and_lm(p: Preset) -> tuple[nn.Module, Callable[[], nn.Module], Any,
 
 
 def build_task(preset: str) -> Task:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
-    p = PRESETS[preset]
+    p = preset_entry(SPECS, preset)
     if p.model == "tinyllava":
         return _paper_task(p)
     encoder, make_lm, tok, model_cfg = _encoder_and_lm(p)
@@ -314,7 +314,7 @@ def build_task(preset: str) -> Task:
                      arch="llama", probe=lambda: assemble(None))
 
 
-def _assemble(preset: str, p: Preset, build_model: Callable[[], vlm.SmallVLM], tok, layout: vlm.PromptLayout,
+def _assemble(preset: str, p: Spec, build_model: Callable[[], vlm.SmallVLM], tok, layout: vlm.PromptLayout,
               members: list[dict], nonmembers: list[dict], test: list[dict], collate, model_cfg: dict[str, Any], *,
               arch: str, probe: Callable[[], vlm.SmallVLM] | None = None) -> Task:
     member_ds, nonmember_ds, test_ds = Items(members), Items(nonmembers), Items(test)
@@ -326,14 +326,16 @@ def _assemble(preset: str, p: Preset, build_model: Callable[[], vlm.SmallVLM], t
     vocab = int(probe.lm.get_input_embeddings().weight.shape[0])
     del probe
     generate = make_generate(tok, p.gen_tokens)
-    info = {"lora": True, "parts": ("image", "caption"), "num_layers": num_layers, "arch": arch,
-            "lora_r": p.lora_r, "lora_alpha": p.lora_alpha, "lora_targets": p.lora_targets, "vocab_size": vocab,
-            "max_len": layout.prompt_len + p.max_caption_tokens + 1, "pad_id": layout.pad_id,
-            "num_image_tokens": layout.num_image_tokens, "image_start": layout.image_start,
-            "prompt_len": layout.prompt_len, "num_classes": len(cap.CLASS_NAMES), "image_size": p.canvas,
-            "generate": generate}  # (model, batch) -> greedy captions
-    api = TaskAPI(name="vlm-caption", family="vlm-caption", loss=vlm_loss, per_sample_loss=vlm_per_sample_loss,
-                  collate=collate, build_model=build_model, info=info, logits=vlm_logits)
+    api = TaskAPI(name="vlm-caption", family="vlm-caption", arch=arch, num_layers=num_layers,
+                  lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)),
+                  parts=("image", "caption"),
+                  tokens=TokenSpec(vocab_size=vocab, max_len=layout.prompt_len + p.max_caption_tokens + 1,
+                                   pad_id=layout.pad_id),
+                  caption=CaptionSpec(num_image_tokens=layout.num_image_tokens, image_start=layout.image_start,
+                                      prompt_len=layout.prompt_len, image_size=p.canvas,
+                                      num_classes=len(cap.CLASS_NAMES), generate=generate),
+                  loss=vlm_loss, per_sample_loss=vlm_per_sample_loss, collate=collate, build_model=build_model,
+                  logits=vlm_logits)
     utility = make_caption_utility(test_ds.items, collate, generate=generate,
                                    loss_fn=vlm.caption_nll, gen_items=p.gen_items, batch_size=16)
     config = {**model_cfg, "prompt": vlm.PROMPT_PRE + "{image}" + vlm.PROMPT_POST, "side": p.side,
@@ -375,7 +377,7 @@ class CocoItems(Dataset):
                 "caption_mask": cmask, "caption": refs[0], "refs": refs, "label": -1, "attrs": {}}
 
 
-def _paper_task(p: Preset) -> Task:
+def _paper_task(p: Spec) -> Task:
     tower, connector, lm_base, tok, cfg = vlm.tinyllava()  # AssetMissing at once when not cached
     folder = Path(os.environ.get(PAPER_DATA_ENV, ""))
     karpathy = folder / "dataset_coco.json"
@@ -410,17 +412,19 @@ def _paper_task(p: Preset) -> Task:
     test = ds(held[p.n_nonmembers:p.n_nonmembers + p.n_test])
     collate = make_collate(pid)
     parts = split_clients(members.labels, p.fl.num_clients, None, seed=p.data_seed)
-    api_info = {"lora": True, "parts": ("image", "caption"), "arch": "openelm",
-                "num_layers": int(getattr(lm_base.config, "num_transformer_layers", 0)), "lora_r": p.lora_r,
-                "lora_alpha": p.lora_alpha, "lora_targets": p.lora_targets,
-                "vocab_size": int(lm_base.get_input_embeddings().weight.shape[0]), "pad_id": pid,
-                "num_image_tokens": n_vis, "image_start": layout.image_start, "prompt_len": layout.prompt_len,
-                "max_len": layout.prompt_len + p.max_caption_tokens + 1, "image_size": 224,
-                "generate": make_generate(tok, p.gen_tokens)}
-    api = TaskAPI(name="vlm-caption", family="vlm-caption", loss=vlm_loss, per_sample_loss=vlm_per_sample_loss,
-                  collate=collate, build_model=build_model, info=api_info, logits=vlm_logits)
+    generate = make_generate(tok, p.gen_tokens)
+    api = TaskAPI(name="vlm-caption", family="vlm-caption", arch="openelm",
+                  num_layers=int(getattr(lm_base.config, "num_transformer_layers", 0)),
+                  lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)),
+                  parts=("image", "caption"),
+                  tokens=TokenSpec(vocab_size=int(lm_base.get_input_embeddings().weight.shape[0]), pad_id=pid,
+                                   max_len=layout.prompt_len + p.max_caption_tokens + 1),
+                  caption=CaptionSpec(num_image_tokens=n_vis, image_start=layout.image_start,
+                                      prompt_len=layout.prompt_len, image_size=224, generate=generate),
+                  loss=vlm_loss, per_sample_loss=vlm_per_sample_loss, collate=collate, build_model=build_model,
+                  logits=vlm_logits)
     test_items = _LazyList(test)
-    utility = make_caption_utility(test_items, collate, generate=api_info["generate"],
+    utility = make_caption_utility(test_items, collate, generate=generate,
                                    loss_fn=vlm.caption_nll, gen_items=p.gen_items, batch_size=16)
     config = {"model": vlm.TINYLLAVA_ID, "model_revision": vlm.TINYLLAVA_REVISION,
               "data": f"MSCOCO 2014, Karpathy split ({PAPER_DATA_ENV})", "n_members": len(members),

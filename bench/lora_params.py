@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Literal, Mapping, Sequence
+from typing import Iterable, Literal, Sequence
 
 import torch
 from torch import Tensor
@@ -37,8 +37,8 @@ class LoraPair:
 
 
 def requires_lora(api) -> str | None:
-    """``Defense.applies`` for LoRA-only defenses: None when ``api.info['lora']`` is true, else the reason."""
-    return None if api.info.get("lora") else NEEDS_LORA
+    """``Defense.applies`` for LoRA-only defenses: None when the task declares ``lora``, else the reason."""
+    return None if api.lora is not None else NEEDS_LORA
 
 
 def lora_half(name: str) -> Literal["A", "B"] | None:
@@ -97,14 +97,15 @@ def split_names(names: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
     return a, b, other
 
 
-def num_layers(names: Iterable[str], info: Mapping | None = None) -> int:
-    """Model depth: ``info['num_layers']`` when the scenario gives it, else 1 + the largest LoRA layer index."""
-    if info and info.get("num_layers"):
-        return int(info["num_layers"])
+def num_layers(names: Iterable[str], depth: int | None = None) -> int:
+    """Model depth: ``depth`` (the task's ``num_layers``) when the scenario gives it, else 1 + the largest
+    LoRA layer index."""
+    if depth:
+        return int(depth)
     idx = [p.layer for p in lora_pairs(names) if p.layer is not None]
     if not idx:
         raise ValueError("cannot infer the number of layers: no LoRA parameter name carries a layer index "
-                         "and the scenario's api.info has no 'num_layers'")
+                         "and the scenario declares no num_layers")
     return max(idx) + 1
 
 

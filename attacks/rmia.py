@@ -1,0 +1,112 @@
+"""Reference-model membership inference: RMIA ([RMIA], offline) with LiRA offline ([LiRA]) as a variant.
+
+Signal p(x | theta) = exp(-loss(x; theta)) from ``bench.signals.per_sample_losses``: image classification,
+the softmax probability of the true label (exp(-cross-entropy)); LM / VLM, the per-token geometric mean of
+the sequence likelihood (exp(-mean token NLL)); diffusion, exp(-mean denoising MSE over ``timesteps``
+stratified steps with the cell's seeded noise, the same noise for the target and every reference model):
+a Gaussian-likelihood-like score, monotone in the loss.
+
+RMIA ([RMIA], offline): Pr(x) = ((1 + a) mean_r p(x | theta_r) + (1 - a)) / 2 over OUT reference
+models (every reference model is OUT for every candidate and every z, ``bench.reference``), the same for
+each population sample z; LR(x, z) = [p(x|theta) / Pr(x)] / [p(z|theta) / Pr(z)];
+score = fraction of z with LR(x, z) >= gamma.
+
+LiRA offline ([LiRA]): phi = log(p / (1 - p)) (logit scaling), a Gaussian N(mu_x, sigma^2) fitted
+over the OUT reference models' phi(x); one-sided test, score = log Pr[N(mu_x, sigma^2) <= phi_target(x)].
+With few reference models sigma is the global one (std of every reference phi, [LiRA]'s fixed variance).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from scipy.stats import norm
+from torch import Tensor
+
+from bench.params import param
+from bench.reference import population_reason
+from bench.registry import register_attack
+from bench.signals import loss_timesteps, per_sample_losses
+from bench.types import Attack, Observation, Scores, TaskSpec
+
+
+def offline_pr(p_refs: Tensor, a: float) -> Tensor:
+    """[RMIA]'s offline approximation of Pr(x) from OUT models' p(x | theta_r) [N, R]: ((1+a) mean + 1-a) / 2."""
+    return 0.5 * ((1.0 + a) * p_refs.double().mean(1) + (1.0 - a))
+
+
+def rmia_scores(p_target: Tensor, p_refs: Tensor, pz_target: Tensor, pz_refs: Tensor, *, a: float,
+                gamma: float) -> Tensor:
+    """[N] RMIA scores: for each x, the fraction of z with LR(x, z) >= gamma (computed in log space)."""
+    rx = torch.log(p_target.double()) - torch.log(offline_pr(p_refs, a))
+    rz = torch.log(pz_target.double()) - torch.log(offline_pr(pz_refs, a))
+    return ((rx[:, None] - rz[None, :]) >= torch.log(torch.tensor(gamma, dtype=torch.float64))).double().mean(1)
+
+
+def logit_from_loss(loss: Tensor) -> Tensor:
+    """phi = log(p / (1 - p)) with p = exp(-loss), stably: -loss - log(1 - exp(-loss))."""
+    loss = loss.double().clamp(min=1e-12)
+    return -loss - torch.log(-torch.expm1(-loss))
+
+
+def lira_offline_scores(phi_target: Tensor, phi_refs: Tensor, *, global_variance: bool) -> Tensor:
+    """[N] one-sided offline LiRA: log Pr[N(mu_x, sigma^2) <= phi_target] with mu_x the OUT mean of [N, R]
+    reference logits; sigma per candidate, or the global std when ``global_variance`` or R = 1."""
+    phi_refs = phi_refs.double()
+    mu = phi_refs.mean(1)
+    if global_variance or phi_refs.shape[1] < 2:
+        sd = phi_refs.std().expand_as(mu) if phi_refs.numel() > 1 else torch.ones_like(mu)
+    else:
+        sd = phi_refs.std(1)
+    z = (phi_target.double() - mu) / sd.clamp(min=1e-12)
+    return torch.from_numpy(norm.logcdf(z.numpy()))
+
+
+@register_attack
+@dataclass
+class RMIA(Attack):
+    n_reference: int | None = param(None, ge=1, le=256)  # R; None = the preset's (2 on smoke, 4 elsewhere)
+    gamma: float = param(1.0, gt=0.0, le=1000.0)  # LR threshold ([RMIA]'s reference code: 1)
+    a: float = param(0.3, ge=0.0, le=1.0)  # offline Pr(x) approximation ([RMIA]'s reference code: 0.3)
+    n_population: int = param(1000, ge=1, le=1_000_000)  # z samples (at most the task's z pool)
+    lira_global_variance: bool = True  # [LiRA]: a global variance with few reference models
+    timesteps: int = param(10, ge=0, le=1000)  # diffusion steps of the loss (only with api.diffusion_ops)
+    batch_size: int = param(16, ge=1, le=4096)
+
+    views = ("global_model", "client_model", "released_model")
+    kind = "membership"
+    paper = ("[RMIA] (Zarifzadeh et al. 2024), offline RMIA; [LiRA] (Carlini et al. 2022) offline LiRA as a "
+             "variant; reference models trained on population data with the target's recipe")
+    uses_reference = True  # the harness puts a bench.reference.Reference in obs.reference
+
+    def applies(self, task: TaskSpec) -> str | None:
+        return population_reason(task)
+
+    def run(self, obs: Observation, candidates: Sequence[Any] | None) -> Scores:
+        if obs.model is None:
+            raise ValueError(f"rmia needs a model in the observation (view {obs.view!r})")
+        if obs.reference is None:
+            raise ValueError("rmia needs reference models: obs.reference (a bench.reference.Reference) is None")
+        items = list(candidates or [])
+        if not items:
+            raise ValueError("rmia needs candidates to score")
+        steps = loss_timesteps(obs.api, self.timesteps)
+        refs = obs.reference.models(self.n_reference)
+        z = obs.reference.population(self.n_population)
+
+        def losses(model, xs: list[Any], what: str) -> Tensor:  # seeded by the cell; shared through obs.signals
+            return per_sample_losses(obs.api, model, xs, batch_size=self.batch_size, timesteps=steps,
+                                     desc=f"rmia {what}", seed=obs.seed, cache=obs.signals).mean(1)
+
+        lx, lz = losses(obs.model, items, "candidates"), losses(obs.model, z, "z")
+        lx_refs = torch.stack([losses(m, items, f"ref{r} candidates") for r, m in enumerate(refs)], 1)
+        lz_refs = torch.stack([losses(m, z, f"ref{r} z") for r, m in enumerate(refs)], 1)
+        p = lambda loss: torch.exp(-loss)  # noqa: E731 - p(x | theta), module doc
+        scores = {
+            "rmia": rmia_scores(p(lx), p(lx_refs), p(lz), p(lz_refs), a=self.a, gamma=self.gamma),
+            "lira_offline": lira_offline_scores(logit_from_loss(lx), logit_from_loss(lx_refs),
+                                                global_variance=self.lira_global_variance),
+            "neg_loss": -lx,
+        }
+        return Scores(scores, primary="rmia", keep=("lira_offline",))

@@ -1,0 +1,205 @@
+"""Reference models for reference-model membership inference ([RMIA] offline, [LiRA] offline).
+
+The attacker trains R reference models with the target's recipe (the scenario's model, data sizes and FL
+settings, the same defense configuration and budget: what a server or a model user knows) on population data
+(``Task.population``) disjoint from every evaluation candidate, each with its own seed: the offline setting,
+no reference model ever trains on a candidate. Per cell seed the population is split once into a training
+pool (each reference model draws the target's training-set size from it) and a z pool ([RMIA]'s population
+samples z, in no reference model's training data). Federated recipe: the draw is cut into chunks of the
+target clients' sizes (IID, whatever the target's split); central recipe (released model): one set of the
+central training size. The client view's reference model is the reference run's client of the same index:
+one client's local training under the same protocol.
+
+Reference runs are cached like training runs (safetensors + JSON, ``bench.cachefile``) under
+``<cache>/reference/<key>``, the key = the target's train key + the reference index + a fingerprint of the
+reference's training data, so every cell and view of a (task, defense, seed) reuses them.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from . import cachefile
+from .fl import TrainResult, client_model_state, run_federated
+from .signal_cache import fingerprint
+from .store import stable_hash
+from .task import Task
+from .training import (MAX_CLIENT_NUMEL, _decode, _encode, build_trained_model, label, target_client, train_key)
+from .types import Defense, params_of
+
+REF_SALT = 0x524D4941  # "RMIA": the population split's random stream, apart from every other draw
+DEFAULT_COUNT = {"smoke": 2}  # reference models when the attack leaves R to the preset; 4 elsewhere ([RMIA])
+_MEMO: dict[str, TrainResult] = {}  # this process's last reference runs (a cell group's cells reuse them)
+_MEMO_MAX = 8
+
+
+def default_count(preset: str) -> int:
+    return DEFAULT_COUNT.get(preset, 4)
+
+
+def ref_seed(seed: int, r: int) -> int:
+    """Reference model ``r``'s training seed: its own stream, never the target's."""
+    return 1_000_003 * (r + 1) + seed
+
+
+def training_sizes(task: Task, defense: Defense | None) -> list[int]:
+    """The target's training-set sizes: one per client, or the central training set's (released model)."""
+    if defense is not None and defense.setting == "central":
+        if task.central_data is None:
+            raise ValueError(f"task {task.id} has no central training set")
+        return [len(task.central_data)]
+    return [len(c) for c in task.client_data]
+
+
+@dataclass(frozen=True)
+class PopulationSplit:
+    """Positions in ``Task.population``: the reference models' training pool and the z pool (disjoint)."""
+
+    train_pool: list[int]
+    z_pool: list[int]
+
+
+def population_split(n_population: int, n_train: int, seed: int) -> PopulationSplit:
+    """Half the population (in a seeded order) is the training pool, the rest the z pool; the training pool
+    must hold one reference training set."""
+    half = n_population // 2
+    if half < n_train:
+        raise ValueError(f"the population has {n_population} items; reference models need a training pool of "
+                         f"{n_train} (the target's training-set size) plus as many z samples, {2 * n_train} in all")
+    perm = np.random.default_rng([seed, REF_SALT]).permutation(n_population).tolist()
+    return PopulationSplit(perm[:half], perm[half:])
+
+
+def reference_indices(split: PopulationSplit, n_train: int, seed: int, r: int) -> list[int]:
+    """Reference ``r``'s training data: ``n_train`` positions drawn from the training pool without replacement."""
+    rng = np.random.default_rng([seed, REF_SALT, r + 1])
+    return [split.train_pool[i] for i in rng.choice(len(split.train_pool), n_train, replace=False).tolist()]
+
+
+def reference_task(task: Task, defense: Defense | None, items: list[Any]) -> Task:
+    """The target task with its training data replaced by ``items`` (chunked to the target's sizes)."""
+    sizes = training_sizes(task, defense)
+    if sum(sizes) != len(items):
+        raise ValueError(f"{len(items)} reference items for training sets of sizes {sizes}")
+    chunks, start = [], 0
+    for n in sizes:
+        chunks.append(items[start:start + n])
+        start += n
+    central = defense is not None and defense.setting == "central"
+    return replace(task, client_data=chunks, central_data=chunks[0] if central else None, nonmembers=None,
+                   population=None, recon_targets=None, eval_subsets=None, source=None)
+
+
+def _cache_dirs(cache_root: Path) -> tuple[Path, Path]:
+    return cache_root / "reference", cache_root.parent / "quarantine" / cache_root.name / "reference"
+
+
+def get_reference(task: Task, defense: Defense, seed: int, r: int, cache_root: Path | None) -> TrainResult:
+    """Reference run ``r`` of the (task, defense, seed) target: loaded from the cache or trained now (and
+    cached). ``cache_root`` None: trained in memory only (checks and tests)."""
+    if task.population is None:
+        raise ValueError(f"task {task.id} has no population data for reference models")
+    n_train = sum(training_sizes(task, defense))
+    split = population_split(len(task.population), n_train, seed)
+    items = [task.population[i] for i in reference_indices(split, n_train, seed, r)]
+    key = stable_hash({"target": train_key(task, defense, seed), "reference": r, "seed": ref_seed(seed, r),
+                       "data": fingerprint(items)})
+    if key in _MEMO:
+        return _MEMO[key]
+    stem = qdir = None
+    if cache_root is not None:
+        root, qdir = _cache_dirs(Path(cache_root))
+        stem = root / key
+        hit = cachefile.load(stem, _decode, quarantine_dir=qdir)
+        if hit is not None:
+            return _remember(key, hit)
+    _, res = run_federated(reference_task(task, defense, items), defense, ref_seed(seed, r),
+                           desc=f"reference {r} {task.id} {label(defense)} s{seed}")
+    if sum(t.numel() for t in res.global_state.values()) > MAX_CLIENT_NUMEL:  # as the target run keeps
+        keep = target_client(res, seed=seed, num_clients=len(task.client_data))
+        res.client_latest = {c: v for c, v in res.client_latest.items() if c == keep}
+    if stem is not None:
+        tensors, meta = _encode(res)
+        meta["key"] = {"task": task.id, "preset": task.preset, "defense": defense.name,
+                       "params": params_of(defense), "seed": seed, "reference": r, "n_train": n_train}
+        try:
+            cachefile.save(stem, tensors, meta)
+        except (TypeError, ValueError, OSError) as e:  # the run is fine: use it, retrain next time
+            print(f"warning: reference cache {r} for {label(defense)} seed {seed} not written: "  # noqa: T201
+                  f"{type(e).__name__}: {e}", file=sys.stderr)
+    return _remember(key, res)
+
+
+def _remember(key: str, res: TrainResult) -> TrainResult:
+    while len(_MEMO) >= _MEMO_MAX:
+        _MEMO.pop(next(iter(_MEMO)))
+    _MEMO[key] = res
+    return res
+
+
+@dataclass
+class Reference:
+    """What a reference-model attack gets in ``Observation.reference`` for one scored model: reference
+    models of the same view (and client), and population samples z. ``used`` records what was handed out
+    (the record's statement of the attacker's knowledge)."""
+
+    task: Task
+    defense: Defense | None  # None: the target is the un-fine-tuned base model, and so is every reference
+    view: str
+    client: int | None
+    seed: int
+    cache_root: Path | None = None
+    used: dict[str, Any] = field(default_factory=dict)
+    _models: list[nn.Module] = field(default_factory=list, repr=False)
+
+    def count(self, n: int | None) -> int:
+        """R: ``n``, or the preset's default (2 on smoke, 4 elsewhere) when None."""
+        return int(n) if n else default_count(self.task.preset)
+
+    def models(self, n: int | None = None) -> list[nn.Module]:
+        """The first R reference models, in eval mode (trained or loaded on first use)."""
+        n = self.count(n)
+        while len(self._models) < n:
+            self._models.append(self._model(len(self._models)))
+        recipe = ("base model (the target was not fine-tuned)" if self.defense is None else
+                  f"{label(self.defense)} on {self.task.id}, the target's FL settings and training-set sizes"
+                  + ("; each client's model against the reference run's client of the same index (one client's local "
+                     "training)" if self.view == "client_model" else ""))
+        self.used.update({"setting": "offline", "n_reference": n, "recipe": recipe,
+                          "reference_data": "population, disjoint from every candidate"})
+        return self._models[:n]
+
+    def _model(self, r: int) -> nn.Module:
+        api = self.task.api
+        if self.defense is None:
+            return api.build_model().eval()
+        res = get_reference(self.task, self.defense, self.seed, r, self.cache_root)
+        state = res.global_state
+        if self.view == "client_model":
+            if not res.client_latest:
+                raise ValueError("the reference run kept no client states (the defense sends no weights)")
+            k = self.client if self.client in res.client_latest else min(res.client_latest)
+            state = client_model_state(res.global_state, res.client_latest[k])
+        return build_trained_model(self.task, self.defense, state, res.global_buffers)
+
+    def population(self, n: int) -> list[Any]:
+        """Up to ``n`` z samples from the z pool (in no reference model's training data)."""
+        if self.task.population is None:
+            raise ValueError(f"task {self.task.id} has no population data")
+        split = population_split(len(self.task.population), sum(training_sizes(self.task, self.defense)), self.seed)
+        z = [self.task.population[i] for i in split.z_pool[:n]]
+        self.used["n_population_z"] = len(z)
+        return z
+
+
+def population_reason(task: Any) -> str | None:
+    """Why a task (a :class:`bench.types.TaskSpec`) cannot feed reference models (for ``Attack.applies``), or None."""
+    if int(task.population_size or 0) <= 0:
+        return ("needs population data disjoint from the candidates to train reference models; this task "
+                "has none (api.population_size is 0)")
+    return None

@@ -1,0 +1,74 @@
+"""Shared by the central LDM LoRA defenses (``lora``, ``mp_lora``, ``smp_lora``): the applicability check,
+the training loop their objectives plug into, and the single-trainer release ([SMP-LoRA] s.2, Alg. 1).
+
+Not a defense itself: the registry skips module names starting with ``_``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from bench.fl import current, loader, trainable
+from bench.types import ClientState, Message, RoundCtx, TaskSpec
+
+NEEDS_LDM = "needs a latent-diffusion LoRA task with auxiliary member / non-member sets (ldm-t2i)"
+
+# objective(model, batch) -> (loss to minimise, values to log for this step)
+Objective = Callable[[nn.Module, object], tuple[Tensor, dict[str, float]]]
+
+
+def requires_ldm(api: TaskSpec) -> str | None:
+    """``Defense.applies`` of the central LDM LoRA defenses: None on a latent-diffusion LoRA task with the
+    auxiliary member / non-member sets, else the reason."""
+    if api.family != "ldm-t2i" or api.lora is None or not api.aux_sets:
+        return NEEDS_LDM
+    return None
+
+
+def grad_norm(params: Sequence[nn.Parameter]) -> float:
+    """sqrt(sum of squared gradient entries) over the trainable (LoRA) parameters ([SMP-LoRA] App. C)."""
+    sq = sum(float(p.grad.detach().pow(2).sum()) for p in params if p.grad is not None)
+    return sq ** 0.5
+
+
+def lora_loop(state: ClientState, ctx: RoundCtx, objective: Objective, *,
+              before_step: Callable[[int], dict[str, float]] | None = None) -> Message:
+    """``ctx.fl.local_epochs`` epochs over ``state.data`` in batches of ``ctx.fl.batch_size`` (capped by
+    ``max_local_steps``), AdamW(lr, weight decay of ``ctx.fl``) on the shared (LoRA) parameters.
+    ``before_step(step)`` runs first each step (the proxy's inner maximisation, Alg. 1 lines 4-6).
+    Returns the weights message with every shared parameter."""
+    names = list(ctx.shared_names)
+    model = state.model
+    model.train()
+    params = trainable(model, names)
+    opt = torch.optim.AdamW(params, lr=ctx.fl.lr, weight_decay=ctx.fl.weight_decay)
+    step, cap = 0, ctx.fl.max_local_steps
+    for _ in range(ctx.fl.local_epochs):
+        for batch in loader(state.data, ctx):
+            logs = dict(before_step(step)) if before_step is not None else {}
+            loss, more = objective(model, batch)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite training objective {float(loss.detach())} at step {step}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            logs.update(more)
+            logs["grad_norm"] = grad_norm(params)
+            opt.step()
+            for k, v in logs.items():
+                ctx.log_value(k, v)
+            step += 1
+            if cap is not None and step >= cap:
+                return Message(state.client, ctx.round, current(model, names), len(state.data), kind="weights")
+    return Message(state.client, ctx.round, current(model, names), len(state.data), kind="weights")
+
+
+def take_single(global_state: dict[str, Tensor], msgs: Sequence[Message]) -> dict[str, Tensor]:
+    """Central release: the one trainer's weights become the model."""
+    if len(msgs) != 1:
+        raise ValueError(f"a central defense expects exactly one message per round, got {len(msgs)}")
+    new = dict(global_state)
+    for n, t in msgs[0].tensors.items():
+        new[n] = t.to(global_state[n].dtype)
+    return new

@@ -1,0 +1,193 @@
+"""RMIA / offline LiRA ([RMIA], [LiRA]): the score functions on constructed likelihoods, the reference
+models' cache and population split, and positive / negative controls on a toy task with population data."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import roc_curve
+
+from attacks.loss_mia import LossMIA
+from attacks.rmia import RMIA, lira_offline_scores, logit_from_loss, offline_pr, rmia_scores
+from bench import reference as ref
+from bench.cells import run_membership
+from bench.fl import run_federated, split_clients
+from bench.signal_cache import fingerprint
+from defenses.fedavg import FedAvg
+from tests.toy import toy_task
+
+# ----------------------------------------------------------------------------------------------
+# score functions on constructed likelihoods (hand-computed values in the comments)
+
+
+def test_offline_pr_is_the_papers_linear_approximation():
+    p_refs = torch.tensor([[0.4]])  # one candidate, one OUT model: p = 0.4
+
+    got = offline_pr(p_refs, 0.5)
+
+    assert got.item() == pytest.approx(0.5 * (1.5 * 0.4 + 0.5))  # ((1+a) p_out + (1-a)) / 2 = 0.55
+
+
+def test_rmia_scores_count_the_z_with_a_likelihood_ratio_above_gamma():
+    p_x, p_x_refs = torch.tensor([0.8, 0.2]), torch.tensor([[0.4], [0.4]])
+    p_z, p_z_refs = torch.tensor([0.5, 0.1]), torch.tensor([[0.5], [0.5]])
+    # Pr(x) = 0.55 -> ratio_x = [1.4545, 0.3636]; Pr(z) = 0.625 -> ratio_z = [0.8, 0.16]
+    # LR(x1, .) = [1.818, 9.091]; LR(x2, .) = [0.4545, 2.273]
+
+    g1 = rmia_scores(p_x, p_x_refs, p_z, p_z_refs, a=0.5, gamma=1.0)
+    g2 = rmia_scores(p_x, p_x_refs, p_z, p_z_refs, a=0.5, gamma=2.0)
+
+    assert g1.tolist() == [1.0, 0.5]
+    assert g2.tolist() == [0.5, 0.5]
+
+
+def test_rmia_a_equal_one_uses_the_mean_of_the_reference_models():
+    p_x, p_x_refs = torch.tensor([0.3]), torch.tensor([[0.2, 0.4]])  # Pr(x) = 0.3: ratio_x = 1
+    p_z, p_z_refs = torch.tensor([0.1, 0.5, 0.9]), torch.tensor([[0.2, 0.2], [0.5, 0.5], [0.3, 0.3]])
+    # ratio_z = [0.5, 1.0, 3.0]; LR = [2, 1, 1/3] >= 1 for two of three
+
+    got = rmia_scores(p_x, p_x_refs, p_z, p_z_refs, a=1.0, gamma=1.0)
+
+    assert got.item() == pytest.approx(2 / 3)
+
+
+def test_logit_from_loss_is_the_logit_of_the_likelihood():
+    loss = torch.tensor([math.log(2.0), -math.log(0.8)], dtype=torch.float64)  # p = 0.5 and 0.8
+
+    got = logit_from_loss(loss)
+
+    assert got.tolist() == pytest.approx([0.0, math.log(4.0)])
+
+
+def test_lira_offline_is_a_one_sided_gaussian_test():
+    phi_refs = torch.tensor([[0.0, 2.0], [1.0, 1.0]])
+    sd = math.sqrt(2.0)  # per-candidate std of [0, 2] (unbiased)
+    phi = torch.tensor([1.0 + sd, 1.0])
+    # global std over [0, 2, 1, 1] (unbiased) = sqrt(2 / 3)
+    g = math.sqrt(2 / 3)
+
+    per = lira_offline_scores(phi[:1], phi_refs[:1], global_variance=False)
+    glob = lira_offline_scores(phi, phi_refs, global_variance=True)
+
+    assert per.item() == pytest.approx(math.log(0.8413447460685429))  # Phi(1)
+    assert glob.tolist() == pytest.approx([math.log(0.5 * (1 + math.erf(sd / g / math.sqrt(2)))), math.log(0.5)])
+
+
+# ----------------------------------------------------------------------------------------------
+# population split and the reference cache
+
+
+def test_population_split_is_disjoint_and_needs_two_training_sets():
+    split = ref.population_split(20, 8, seed=3)
+    r0, r1 = ref.reference_indices(split, 8, 3, 0), ref.reference_indices(split, 8, 3, 1)
+
+    assert not set(split.train_pool) & set(split.z_pool)
+    assert set(r0) <= set(split.train_pool) and len(set(r0)) == 8 and r0 != r1
+    with pytest.raises(ValueError, match="population has 15 items"):
+        ref.population_split(15, 8, seed=3)
+
+
+def _population_task(*, n_members: int = 96, n_non: int = 96, n_pop: int = 256, seed: int = 0, rounds: int = 2):
+    """The toy task of tests/toy.py with random-label members, non-members, test and population items of
+    the same distribution (disjoint by construction)."""
+    base = toy_task()
+    g = torch.Generator().manual_seed(seed + 11)
+    total = n_members + n_non + 32 + n_pop
+    x, y = torch.randn(total, 3, 8, 8, generator=g), torch.randint(0, 4, (total,), generator=g).tolist()
+    items = list(zip(x, y))
+    train, non = items[:n_members], items[n_members:n_members + n_non]
+    test, pop = items[n_members + n_non:n_members + n_non + 32], items[n_members + n_non + 32:]
+    parts = split_clients([t[1] for t in train], 3, None, seed)
+    api = replace(base.api, population_size=n_pop)
+    return replace(base, api=api, fl=replace(base.fl, rounds=rounds, local_epochs=3),
+                   client_data=[[train[i] for i in p] for p in parts], test_data=test, nonmembers=non,
+                   population=pop, max_membership=64, config={"test_rmia": seed, "rounds": rounds})
+
+
+def test_reference_runs_are_cached_and_reused(tmp_path):
+    task, defense = _population_task(rounds=1), FedAvg()
+    ref._MEMO.clear()
+
+    first = ref.get_reference(task, defense, 0, 0, tmp_path)
+    ref._MEMO.clear()
+    files = sorted(p.name for p in (tmp_path / "reference").iterdir())
+    again = ref.get_reference(task, defense, 0, 0, tmp_path)
+    other = ref.get_reference(task, defense, 0, 1, tmp_path)
+
+    assert sorted(f.rsplit(".", 1)[1] for f in files) == ["json", "safetensors"]  # one entry
+    assert all(torch.equal(first.global_state[k], again.global_state[k]) for k in first.global_state)
+    assert any(not torch.equal(first.global_state[k], other.global_state[k]) for k in first.global_state)
+
+
+def test_reference_training_data_is_population_only():
+    task, defense = _population_task(rounds=1), FedAvg()
+    split = ref.population_split(len(task.population), 96, 0)
+    items = [task.population[i] for i in ref.reference_indices(split, 96, 0, 0)]
+    candidates = {fingerprint(it) for ds in (*task.client_data, task.nonmembers) for it in ds}
+
+    rtask = ref.reference_task(task, defense, items)
+
+    assert [len(c) for c in rtask.client_data] == [len(c) for c in task.client_data]
+    assert not {fingerprint(it) for c in rtask.client_data for it in c} & candidates
+
+
+def test_applies_needs_population_data():
+    assert RMIA().applies(toy_task().api) is not None
+    assert RMIA().applies(_population_task(rounds=1).api) is None
+
+
+# ----------------------------------------------------------------------------------------------
+# controls (toy task: seconds)
+
+
+def _tpr_at(scores, member, fpr_max: float) -> float:
+    fpr, tpr, _ = roc_curve(member, scores)
+    return float(tpr[fpr <= fpr_max + 1e-12].max())
+
+
+@pytest.fixture(scope="module")
+def trained():
+    task, defense = _population_task(), FedAvg()
+    _, train = run_federated(task, defense, 0)
+    return task, defense, train
+
+
+def test_positive_control_rmia_beats_the_loss_threshold_on_the_undefended_toy(trained, tmp_path):
+    task, defense, train = trained
+
+    got = run_membership(task, defense, RMIA(), "global_model", train, 0, cache_root=tmp_path)
+    base = run_membership(task, defense, LossMIA(), "global_model", train, 0)
+
+    y = np.array(got["per_candidate"]["member"])
+    n_non = int((y == 0).sum())
+    lowest = 10 / n_non  # the lowest FPR with >= 10 expected false positives among the non-members
+    tpr_rmia = _tpr_at(got["per_candidate"]["score"], y, lowest)
+    tpr_loss = _tpr_at(base["per_candidate"]["score"], np.array(base["per_candidate"]["member"]), lowest)
+    assert got["metrics"]["auroc"]["ci_low"] > 0.55, got["metrics"]["auroc"]
+    assert got["metrics"]["auroc"]["value"] >= base["metrics"]["auroc"]["value"]
+    assert tpr_rmia >= tpr_loss, (tpr_rmia, tpr_loss)
+    assert got["reference"]["n_reference"] == 2 and got["reference"]["setting"] == "offline"
+
+
+def test_negative_control_a_target_that_never_saw_the_members_is_at_chance(trained, tmp_path):
+    task, defense, _ = trained
+    other = replace(task, client_data=[task.population[:32], task.population[32:64], task.population[64:96]])
+    _, train_other = run_federated(other, defense, 0)  # trained on data disjoint from every candidate
+
+    got = run_membership(task, defense, RMIA(), "global_model", train_other, 0, cache_root=tmp_path)
+
+    auroc = got["metrics"]["auroc"]
+    assert auroc["ci_low"] <= 0.5 <= auroc["ci_high"], auroc
+
+
+def test_base_model_cells_use_the_base_model_as_reference(trained):
+    task, _, _ = trained
+
+    got = run_membership(task, None, RMIA(n_reference=1), "global_model", None, 0)
+
+    auroc = got["metrics"]["auroc"]
+    assert auroc["ci_low"] <= 0.5 <= auroc["ci_high"], auroc
+    assert got["reference"]["recipe"].startswith("base model")
