@@ -49,6 +49,17 @@ def part_scores(part: str, sig: PartSignals, *, alphas: Sequence[float], ks: Seq
     return out
 
 
+def slice_tokens(signals: dict[str, PartSignals]) -> dict[str, dict[str, float | int]]:
+    """Each slice's scored token positions per candidate (mean / min / max / candidates): MaxRenyi-K% averages
+    the top ``max(1, floor(K% x n))`` of them, so K = 0 and K = 10 coincide on slices under 20 tokens."""
+    out = {}
+    for part, sig in signals.items():
+        n = sig.mask.sum(1).double()
+        out[part] = {"mean": float(n.mean()), "min": float(n.min()), "max": float(n.max()),
+                     "candidates": int(n.numel())}
+    return out
+
+
 @register_attack
 @dataclass
 class MaxRenyi(Attack):
@@ -115,4 +126,5 @@ class MaxRenyi(Attack):
         # [FedRand] Table 4's scores (MaxRenyi-0% and -10% on every slice) keep their per-candidate values
         keep = tuple(n for n in (f"maxrenyi_K{k}_a{alpha_name(self.primary_alpha)}_{p}" for p in parts for k in (0, 10))
                      if n in scores)
-        return Scores(scores, primary=primary, keep=keep)
+        tokens = slice_tokens({p: signals[p] for p in parts})  # what K% of each slice means, for the record
+        return Scores(scores, primary=primary, keep=keep, details={"slice_tokens": tokens})

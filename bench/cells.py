@@ -259,6 +259,7 @@ def run_membership(task: Task, defense: Defense | None, attack: Attack, view: st
     seen = np.zeros(n_all, dtype=bool)
     item = lambda c: pool[c[1]] if c[0] == "m" else task.nonmembers[c[1]]  # noqa: E731
     primary, keep = "", ()
+    details: dict[str, Any] = {}  # Scores.details per scoring model (client view: per client)
     for part in parts:
         cands = [("m", i) for i in part.members] + [("n", i) for i in part.nonmembers]
         order = np.random.default_rng([seed, 1 + (part.client or 0)]).permutation(len(cands))
@@ -276,6 +277,8 @@ def run_membership(task: Task, defense: Defense | None, attack: Attack, view: st
             arrays.setdefault(name, np.full(n_all, np.nan))[at] = s
         seen[at] = True
         primary, keep = out.primary, out.keep
+        if out.details:
+            details["all" if part.client is None else str(part.client)] = out.details
         thresholds[at] = _aux_threshold(attack, out, obs, part, pool, task, seed, uses_aux)
     # Candidates of clients without a kept state are dropped (large models keep one client).
     idx = np.flatnonzero(seen)
@@ -296,6 +299,8 @@ def run_membership(task: Task, defense: Defense | None, attack: Attack, view: st
         per_candidate["variants"] = kept
     clients = [p.client for p in parts if p.client is not None]
     extra = {"reference": reference.used} if reference is not None else {}  # what the attacker was assumed to know
+    if details:  # what the attack states about its scoring (max_renyi: each slice's token count)
+        extra["attack_details"] = details["all"] if list(details) == ["all"] else {"per_client": details}
     return {**extra, "metrics": metrics, "variants": variants, "roc": roc, "primary": primary,
             "per_candidate": per_candidate, "clients": clients if view == "client_model" else None,
             "n_candidates": len(y), "n_members": int(y.sum()), "n_nonmembers": int(len(y) - y.sum()),

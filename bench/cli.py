@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .assets import AssetMissing
-from .device import resolve_device
+from .device import check_precision, resolve_device, with_precision
 from .params import seed_count, writable_dir
 from .progress import silence_third_party
 from .registry import ATTACKS, DEFENSES, SCENARIOS, UsageError, expand, unique_names, unknown_message
@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address-space cap per worker in MB (RLIMIT_AS; 0 = none; default 75%% of RAM / jobs, "
                         "none on CUDA)")
     r.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
+    r.add_argument("--precision", default="fp32",
+                   help="fp32 (default), bf16 or fp16 (CUDA only): autocast for the llm-text, vlm-caption and "
+                        "ldm-t2i training and scoring; image-cls stays fp32")
     r.add_argument("--dry-run", action="store_true",
                    help="print the plan (cells, training runs, estimated time) and exit")
     r.add_argument("--verbose", action="store_true", help="show third-party loading output and warnings")
@@ -89,17 +92,19 @@ def parse_seeds(raw: str) -> list[int]:
     return seed_count(raw)  # 1 <= N <= params.MAX_SEEDS
 
 
-def scenario_tasks(name: str, preset: str):
-    """The tasks of one scenario at a preset; picklable by reference, so a worker process can rebuild them."""
-    return SCENARIOS.get(name)(preset)
+def scenario_tasks(name: str, preset: str, precision: str = "fp32"):
+    """The tasks of one scenario at a preset (and --precision); picklable by reference, so a worker process
+    can rebuild them."""
+    return [with_precision(t, precision) for t in SCENARIOS.get(name)(preset)]
 
 
-def build_tasks(names: list[str], preset: str):
+def build_tasks(names: list[str], preset: str, precision: str = "fp32"):
     tasks = []
     for n in names:
-        for t in scenario_tasks(n, preset):
+        for t in scenario_tasks(n, preset, precision):
             if t.source is None:
-                t.source = functools.partial(scenario_tasks, n, preset)
+                t.source = functools.partial(scenario_tasks, n, preset, precision) if precision != "fp32" \
+                    else functools.partial(scenario_tasks, n, preset)
             tasks.append(t)
     return tasks
 
@@ -157,10 +162,11 @@ def cmd_run(a) -> int:
     attacks = expand(ATTACKS, a.attack)
     names = scenario_names(a.scenario)
     device = resolve_device(a.device)
+    precision = check_precision(a.precision, device)
     jobs, cfg = worker_config(a, preset, device)  # after expand(): contributed files are loaded by then
     if not a.verbose:
         silence_third_party()
-    tasks = build_tasks(names, preset)  # may raise AssetMissing: still nothing written
+    tasks = build_tasks(names, preset, precision)  # may raise AssetMissing: still nothing written
     from .runner import plan, run
     from .runplan import CostModel, make_plan
 

@@ -33,3 +33,48 @@ def resolve_device(raw: str) -> str:
     if index >= n:
         raise UsageError(f"--device {raw}: only {n} CUDA device(s) (cuda:0..cuda:{n - 1})")
     return raw
+
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+# where --precision applies: the transformer and diffusion families (image-cls always runs in fp32)
+AUTOCAST_FAMILIES = ("llm-text", "vlm-caption", "ldm-t2i")
+
+
+def check_precision(raw: str, device: str) -> str:
+    """``--precision``: one of PRECISIONS; fp16 only on CUDA (CPU autocast supports bf16 only)."""
+    from .registry import UsageError
+
+    p = raw.strip().lower()
+    if p not in PRECISIONS:
+        raise UsageError(f"unknown precision {raw!r}. Valid choices: {', '.join(PRECISIONS)}")
+    if p == "fp16" and not device.startswith("cuda"):
+        raise UsageError(f"--precision fp16 needs a CUDA device (this run's device is {device}); "
+                         f"use bf16 or fp32 on the CPU")
+    return p
+
+
+def with_precision(task, precision: str):
+    """``task`` whose configuration names ``precision`` (so its training cache key and cell ids do), except
+    at fp32: fp32 tasks, keys and records stay exactly what they were before the option existed."""
+    if precision == "fp32":
+        return task
+    from dataclasses import replace
+
+    return replace(task, config={**dict(task.config), "precision": precision})
+
+
+def precision_of(task) -> str:
+    return str(dict(task.config).get("precision", "fp32"))
+
+
+def autocast(task, device: str):
+    """``torch.autocast`` at the task's precision for the families it applies to; otherwise a no-op."""
+    import contextlib
+
+    import torch
+
+    p = precision_of(task)
+    if p == "fp32" or task.api.family not in AUTOCAST_FAMILIES:
+        return contextlib.nullcontext()
+    return torch.autocast("cuda" if device.startswith("cuda") else "cpu",
+                          dtype=torch.bfloat16 if p == "bf16" else torch.float16)

@@ -135,6 +135,15 @@ def get_reference(task: Task, defense: Defense, seed: int, r: int, cache_root: P
     return _remember(key, res)
 
 
+def ensure_references(task: Task, defense: Defense, seed: int, cache_root: Path, n: int | None = None) -> int:
+    """Train and cache the first R reference runs of a (task, defense, seed) now (the engine's hook: a unit
+    scheduled before the cells that use them, so the cells only load them); returns R."""
+    n = int(n) if n else default_count(task.preset)
+    for r in range(n):
+        get_reference(task, defense, seed, r, cache_root)
+    return n
+
+
 def _remember(key: str, res: TrainResult) -> TrainResult:
     while len(_MEMO) >= _MEMO_MAX:
         _MEMO.pop(next(iter(_MEMO)))
@@ -176,8 +185,8 @@ class Reference:
 
     def _model(self, r: int) -> nn.Module:
         api = self.task.api
-        if self.defense is None:
-            return api.build_model().eval()
+        if self.defense is None:  # "no fine-tuning" is deterministic: one base model serves as every reference
+            return self._models[0] if self._models else api.build_model().eval()
         res = get_reference(self.task, self.defense, self.seed, r, self.cache_root)
         state = res.global_state
         if self.view == "client_model":

@@ -21,6 +21,7 @@ import torch
 from .accounting import privacy_record
 from .audit import audit_delta, record_bound
 from .cells import probe_observations, run_membership, run_reconstruction
+from .device import autocast, precision_of
 from .params import check_privacy
 from .progress import REPORT_S, progress_bar, unit_progress
 from .run_state import resolve_delta
@@ -229,9 +230,11 @@ def execute_unit(unit: Unit) -> dict:
             # whether its worker also trained (in-memory and loaded tensors differ in alignment, and BLAS
             # rounding with it)
             _TRAIN_LRU.clear()
-            train = get_training(task, unit.defense, unit.seed, out / "cache")
+            with autocast(task, unit.device):  # --precision (bench.device)
+                train = get_training(task, unit.defense, unit.seed, out / "cache")
             return {**base, "status": "ok", "reason": "", "wall_s": time.time() - t0, "train_wall_s": train.wall_s}
-        return {**base, **_execute_cell(unit, task, out)}
+        with autocast(task, unit.device):
+            return {**base, **_execute_cell(unit, task, out)}
     except KeyboardInterrupt:
         raise
     except BaseException as e:
@@ -252,7 +255,7 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
     defense = unit.defense
     cell = Cell(task, defense, unit.attack, unit.view, unit.seed)
     rec = {**unit.skeleton, "provenance": {**unit.skeleton["provenance"], "started_at": utc_stamp(),
-                                           "device": unit.device}}
+                                           "device": unit.device, "precision": precision_of(task)}}
     train = _training(task, defense, unit.seed, out) if defense is not None else None
     t1 = time.time()  # the attack's time excludes loading the training run (cost.train_wall_s has it)
     restart = False

@@ -123,6 +123,7 @@ class Record(_Open):
     per_sample: dict[str, list[Finite]] = {}
     per_candidate: PerCandidate | None = None
     n_candidates: StrictInt | None = None
+    attack_details: dict[str, Any] | None = None  # what the attack states about its scoring (e.g. slice token counts)
     utility: dict[str, Finite | NonFinite | None] = {}
     privacy: Privacy = Privacy()
     cost: Cost = Cost()

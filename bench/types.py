@@ -287,6 +287,9 @@ class Scores:
     # on (e.g. cross-validated): the harness picks the ASR threshold there (metrics.asr_aux), never on the
     # evaluation candidates
     calibration: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    # what the attack states about how it scored (JSON-able; the record's ``attack_details``), e.g. each
+    # slice's token count so a reader sees what MaxRenyi-K% of a slice means
+    details: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.scores:

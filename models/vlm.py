@@ -367,19 +367,25 @@ def pretrain_projector(model: SmallVLM, items: Sequence[Any], collate: Callable,
     return {n: t.detach().clone() for n, t in model.projector.state_dict().items()}, log
 
 
+def projector_key(spec: dict[str, Any], *, steps: int, batch_size: int, lr: float, seed: int) -> str:
+    """The aligned projector's cache key: ``spec`` (model, grid, data), the schedule and the library versions."""
+    import transformers
+
+    from bench.store import stable_hash
+
+    return stable_hash({**spec, "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
+                        "torch": torch.__version__.split("+")[0], "transformers": transformers.__version__})
+
+
 def load_or_pretrain_projector(spec: dict[str, Any], make_model: Callable[[], SmallVLM],
                                make_items: Callable[[], Sequence[Any]], collate: Callable, *, steps: int,
                                batch_size: int, lr: float, seed: int) -> tuple[dict[str, Tensor], dict, Path]:
     """The cached aligned projector for ``spec`` (model + data + schedule) or pre-train it now; a file lock
     makes concurrent runs pre-train once, the file is written atomically. Returns (state, log, path)."""
-    import transformers
-
     from bench import cachefile
-    from bench.store import stable_hash
     from models.ldm import file_lock
 
-    key = stable_hash({**spec, "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
-                       "torch": torch.__version__.split("+")[0], "transformers": transformers.__version__})
+    key = projector_key(spec, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
     d = cache_dir("vlm", key)
     stem = d / "projector"  # projector.json + projector-<sha12>.safetensors (bench/cachefile.py: no pickle)
 

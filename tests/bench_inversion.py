@@ -50,8 +50,7 @@ def build(arch: str):
 @pytest.mark.benchmark(group="inverting_gradients")
 def test_bench_iteration_over_forward_backward(benchmark, arch):
     model = build(arch)()
-    obs = observe(model, client_gradient(model, photo("chelsea"), 3, train=True), task_api(arch, build(arch)),
-                  model_mode="train")
+    obs = observe(model, client_gradient(model, photo("chelsea"), 3, train=True), task_api(arch, build(arch)))
     attack = InvertingGradients(iterations=300)
     run = attack.start(attack._prepare(obs), restart=0, iterations=300)
     assert run.mode_note == "train"

@@ -145,7 +145,9 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
                                             (["--cell-timeout", "nan"], "--cell-timeout"),
                                             (["--executor", "slurm"], "executor"), (["--device", "tpu"], "device"),
                                             (["--mem-cap", "-5"], "--mem-cap"),
-                                            (["--ray-address", "ray://h:1"], "--executor ray")])
+                                            (["--ray-address", "ray://h:1"], "--executor ray"),
+                                            (["--precision", "fp64"], "fp32, bf16, fp16"),
+                                            (["--precision", "fp16", "--device", "cpu"], "CUDA")])
 def test_bad_engine_flags_exit_2_and_write_nothing(tmp_path, capsys, flags, problem):
     from bench.cli import main
 
@@ -234,9 +236,10 @@ def test_a_run_keeps_third_party_noise_out_of_the_terminal_but_not_its_own_warni
     from tests.test_faults import ROOT
 
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, "-m", "bench", "run", "--preset", "smoke", "--scenario", "ldm-t2i,vlm-caption",
-                          "--defense", "fedavg", "--attack", "loss_mia", "--jobs", "2", "--out", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=1800, env={**os.environ, "BENCH_THREADS": "1"})
+    cmd = [sys.executable, "-m", "bench", "run", "--preset", "smoke", "--scenario", "ldm-t2i,vlm-caption",
+           "--defense", "fedavg", "--attack", "loss_mia", "--jobs", "2", "--out", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800,
+                         env={**os.environ, "BENCH_THREADS": "1"})
 
     assert res.returncode == 0, res.stderr[-3000:]
     heard = [n for n in NOISE if n in res.stderr or n in res.stdout]
@@ -244,3 +247,78 @@ def test_a_run_keeps_third_party_noise_out_of_the_terminal_but_not_its_own_warni
     for line in failures(Store(out).records()):  # our own warnings still reach the terminal
         assert line in res.stderr
     assert "cells:" in res.stdout and "work:" in res.stderr  # the plan's summary and the run's own bar
+
+
+# ----------------------------------------------------------------------------------------------
+# device placement: batches follow the model; no hard-coded device in the hot paths (no GPU here: these
+# are the CPU-side guards; GPU runs are not measured on this machine)
+
+HOT_PATHS = ("bench/scenarios", "bench/signals.py", "bench/cells.py", "bench/fl.py", "attacks", "defenses")
+HARD_DEVICE = (r"""\.cpu\(\)|\.cuda\(|device\s*=\s*["'](cpu|cuda)|torch\.device\(\s*["'](cpu|cuda)"""
+               r"""|\.to\(\s*["'](cpu|cuda)""")
+# (file, the line's code) allowed: results leaving for storage / numpy at the end, never in an optimisation loop
+DEVICE_ALLOWED = {
+    ("bench/signals.py", "rows[part].setdefault(k, []).extend(torch.split(v.cpu(), counts))"),
+    ("bench/signals.py",
+     "out.append(loss_matrix(api, model, api.collate(list(chunk)), timesteps).detach().double().cpu())"),
+    ("bench/cells.py", "return np.asarray(torch.as_tensor(t).detach().double().cpu())"),
+    ("bench/cells.py", "recon = torch.cat([o.images for o in outs]).detach().float().cpu().numpy()"),
+    ("bench/cells.py", "got = torch.cat(labels).cpu().numpy()"),
+    # the restart's starting image is drawn on the CPU generator (the same draw on every device), then moved
+    ("attacks/inverting_gradients.py", "return lo.cpu() + (hi - lo).cpu() * torch.rand(size, generator=gen)"),
+}
+
+
+def test_no_hard_coded_device_in_the_hot_paths():
+    import re
+
+    from tests.test_faults import ROOT
+
+    files = [p for h in HOT_PATHS for p in ([ROOT / h] if h.endswith(".py") else sorted((ROOT / h).glob("*.py")))]
+    found = set()
+    for f in files:
+        for line in f.read_text().splitlines():
+            code = line.split("#", 1)[0].strip()
+            if re.search(HARD_DEVICE, code):
+                found.add((str(f.relative_to(ROOT)), code))
+    assert len(files) > 20
+    assert found - DEVICE_ALLOWED == set(), "hard-coded device (follow the model's device, or allow-list it here)"
+
+
+@pytest.mark.parametrize("scenario", ["image-cls", "llm-text", "vlm-caption", "ldm-t2i"])
+def test_every_scenarios_losses_follow_the_models_device(scenario):
+    """A batch built on the CPU, a model on the ``meta`` device: the losses (training and scoring) must run
+    on the model's device, which fails at once when a batch stays behind."""
+    import traceback
+
+    from bench.cli import build_tasks
+
+    task = build_tasks([scenario], "smoke")[0]
+    model = task.api.build_model().to("meta")
+    batch = task.api.collate(list(task.client_data[0])[:2])
+
+    for fn in (task.api.loss, task.api.per_sample_loss):
+        try:
+            out = fn(model, batch)
+        except RuntimeError as e:  # transformers builds its attention mask from values: past the batch placement
+            where = "".join(traceback.format_tb(e.__traceback__))
+            assert "cannot be called on meta tensors" in str(e) and "masking_utils" in where, where
+            continue
+        assert out.device.type == "meta"
+
+
+def test_bf16_llm_text_runs_records_its_precision_and_keeps_fp32_keys(tmp_path):
+    from bench.cli import build_tasks
+    from bench.device import with_precision
+    from bench.training import train_key
+
+    (fp32,) = build_tasks(["llm-text"], "smoke")
+    (bf16,) = build_tasks(["llm-text"], "smoke", "bf16")
+
+    summary = run([bf16], [FedAvg()], [ToyLossMIA()], [0], tmp_path)
+
+    recs = list(Store(tmp_path).records())
+    assert recs and summary.counts["failed"] == 0 and summary.counts["ok"] >= 4
+    assert {r["provenance"]["precision"] for r in recs} == {"bf16"}
+    assert train_key(with_precision(fp32, "fp32"), FedAvg(), 0) == train_key(fp32, FedAvg(), 0)  # fp32 unchanged
+    assert train_key(bf16, FedAvg(), 0) != train_key(fp32, FedAvg(), 0)  # a bf16 run never reuses fp32 training

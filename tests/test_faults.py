@@ -369,7 +369,8 @@ def test_kill_minus_9_of_a_jobs_2_run_takes_its_workers_down_then_resume_complet
     workers = lambda: [p for p, pp in _session(proc.pid).items() if pp not in (proc.pid, 1)]  # noqa: E731
     waited = _until(lambda: len(workers()) >= 2 or proc.poll() is not None, 600)
     seen = workers()
-    assert proc.poll() is None and len(seen) == 2, f"no workers after {waited:.0f} s: {(tmp_path / 'run.log').read_text()[-2000:]}"
+    assert proc.poll() is None and len(seen) == 2, \
+        f"no workers after {waited:.0f} s: {(tmp_path / 'run.log').read_text()[-2000:]}"
 
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -379,6 +380,8 @@ def test_kill_minus_9_of_a_jobs_2_run_takes_its_workers_down_then_resume_complet
     for pid in left:  # do not leave them behind for the rest of the suite
         os.kill(pid, signal.SIGKILL)
     assert gone_after <= 10, f"still running {gone_after:.0f} s after the parent's kill -9: {left} (workers {seen})"
+    before = len(list((out / "records").glob("*/*.json"))) if (out / "records").exists() else 0
+    assert before == len(list(Store(out).records())) if before else True, "a torn record after the kill"
     final = _spawn(cmd, tmp_path / "run.log")  # resume
     assert final.wait(timeout=1800) == 0, (tmp_path / "run.log").read_text()[-2000:]
     _wait_group(final, 60)
@@ -389,10 +392,11 @@ def test_kill_minus_9_of_a_jobs_2_run_takes_its_workers_down_then_resume_complet
     assert len(recs) == _planned("image-cls", "fedavg,fedsgd", "loss_mia")
 
 
-
 def _planned(scenario: str, defenses: str, attacks: str) -> int:
     """Cells a one-seed smoke ``bench run`` of these names plans."""
     from bench.cli import build_tasks
-    from bench.registry import ATTACKS as A, DEFENSES as D, expand
+    from bench.registry import ATTACKS as A
+    from bench.registry import DEFENSES as D
+    from bench.registry import expand
 
     return len(plan(build_tasks([scenario], "smoke"), expand(D, defenses, full_grid=False), expand(A, attacks), [0]))

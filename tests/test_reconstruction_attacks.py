@@ -18,7 +18,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from attacks.april import April
-from attacks.inverting_gradients import InvertingGradients, _Matcher, infer_labels
+from attacks.inverting_gradients import (
+    InvertingGradients,
+    _Matcher,
+    infer_labels,
+    total_variation,
+    total_variation_grad,
+)
 from bench.registry import ATTACKS
 from bench.types import ImageSpec, Message, NotApplicable, Observation, Public, TaskAPI, ViTSpec
 
@@ -265,6 +271,18 @@ def test_gradient_matching_cotangents_equal_autograd(per_param, masked):
         assert torch.allclose(got.get(id(gi), torch.zeros_like(gi)), wi, atol=1e-12)
 
 
+def test_total_variation_gradient_in_closed_form_equals_autograd():
+    """The TV term's gradient, added outside autograd each iteration, is autograd's (ties included:
+    equal neighbours contribute nothing, as abs's subgradient 0 in torch)."""
+    x = torch.randn(2, 3, 5, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x[0, 1, 2, :] = x[0, 1, 3, :]  # vertical ties
+    x[1, 0, :, 1] = x[1, 0, :, 2]  # horizontal ties
+    x.requires_grad_(True)
+    (want,) = torch.autograd.grad(total_variation(x), x)
+    got = total_variation_grad(x.detach())
+    assert torch.allclose(got, want, atol=1e-15)
+
+
 def test_inverting_gradients_start_follows_the_cell_seed():
     """The dummy's start is drawn from the cell seed (``obs.seed``): seeds vary the attack, a seed repeats it."""
     model, x, grads, api = _bn_observations()
@@ -313,14 +331,14 @@ def test_train_mode_batchnorm_with_one_value_per_channel_falls_back_to_eval():
     assert rec.details["model_mode"].startswith("eval")
 
 
-def _inversion_controls(build, arch: str, iterations: int, **public) -> tuple[float, float, float]:
-    """SSIM of (undefended inversion, FLRSP R=0.8 inversion, a random image) against the target;
-    both inversions run jointly in one batched optimisation."""
+def _inversion_controls(build, arch: str, iterations: int, model_mode: str = "auto") -> tuple[float, float, float]:
+    """SSIM of (undefended inversion, FLRSP R=0.8 inversion, a random image) against the target (the
+    client's gradient is taken in eval mode: pass ``model_mode="eval"`` for a model with BatchNorm)."""
     model, x = build(), photo("chelsea")
     grads = client_gradient(model, x, 3, train=False)
     api = task_api(arch, build)
-    clean, masked = InvertingGradients(iterations=iterations).run_batch(
-        [observe(model, grads, api, **public), observe(model, flrsp_mask(grads, 0.8), api, **public)])
+    clean, masked = InvertingGradients(iterations=iterations, model_mode=model_mode).run_batch(
+        [observe(model, grads, api), observe(model, flrsp_mask(grads, 0.8), api)])
     assert clean.labels.tolist() == [3]
     noise = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1)).clamp(-2, 2)
     return ssim(clean.images[0], x), ssim(masked.images[0], x), ssim(noise, x)

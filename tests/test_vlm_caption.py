@@ -321,6 +321,57 @@ def test_max_renyi_negative_control_base_model_at_chance_on_both_slices(smoke):
         assert abs(a[name] - 0.5) <= 0.1, (name, a[name])
 
 
+def test_max_renyi_states_each_slice_token_count(smoke):
+    items = _items(smoke.nonmembers)[:6]
+    sc = MaxRenyi().run(Observation("global_model", smoke.api.build_model().eval(), None, smoke.api, {}), items)
+    caption = [int(it["caption_mask"].sum()) for it in items]
+    n_image = smoke.api.caption.num_image_tokens
+    assert sc.details["slice_tokens"] == {
+        "image": {"mean": float(n_image), "min": float(n_image), "max": float(n_image), "candidates": 6},
+        "caption": {"mean": float(np.mean(caption)), "min": float(min(caption)), "max": float(max(caption)),
+                    "candidates": 6}}
+
+
+def test_membership_record_carries_the_slice_token_counts_and_stays_valid(smoke):
+    from bench.cells import run_membership
+    from bench.schema import validate
+    from tests.test_store import record
+
+    out = run_membership(smoke, None, MaxRenyi(), "global_model", None, seed=0)  # None: the base model
+    tokens = out["attack_details"]["slice_tokens"]
+    assert tokens["image"]["min"] == tokens["image"]["max"] == smoke.api.caption.num_image_tokens
+    assert tokens["caption"]["candidates"] == out["n_candidates"]
+    assert validate(record(attack_details=out["attack_details"])) is None
+    assert "attack_details" in (validate(record(attack_details=["not", "a", "dict"])) or "")
+
+
+def test_default_visual_tokens_are_the_encoders_whole_7x7_map():
+    from bench.scenarios.vlm_caption import SPECS
+
+    p = SPECS["default"]
+    try:
+        encoder = vlm.EfficientNetLite0Map(p.encoder_size)
+    except AssetMissing as e:
+        need(False, str(e))
+    fmap = encoder(torch.zeros(1, 3, p.canvas, p.canvas))
+    assert tuple(fmap.shape[-2:]) == (p.side, p.side)  # pooling to side x side keeps every position
+
+
+def test_projector_cache_key_changes_with_the_visual_grid_and_encoder_size():
+    from dataclasses import replace
+
+    from bench.scenarios.vlm_caption import SPECS, effnet_smollm2_name, projector_spec
+
+    def key(q):
+        return vlm.projector_key(projector_spec(q, effnet_smollm2_name(q)), steps=q.projector_steps,
+                                 batch_size=q.projector_batch, lr=q.projector_lr, seed=q.data_seed)
+
+    p = SPECS["default"]
+    assert key(p) == key(replace(p, lora_r=4, max_membership=8))  # the FL budget does not re-align
+    assert key(replace(p, side=2)) != key(p)
+    assert key(replace(p, encoder_size=128)) != key(p)
+
+
 @pytest.mark.slow
 def test_max_renyi_positive_control_fedavg_client_model(smoke):
     """The harness's setting: FedAvg on the smoke preset, the curious server's reconstruction of the target

@@ -12,8 +12,8 @@ distribution shift). The projector is aligned once on public images (the Fashion
 disjoint from the pool) and then frozen (:mod:`models.vlm`). Presets:
 
 - ``smoke``: tiny random CNN + tiny random Llama, a few hundred images, over-fits in seconds on purpose.
-- ``default``: EfficientNet-Lite0 (ImageNet) + SmolLM2-135M-Instruct, LoRA r=8 on q,v, AdamW (wd 1e-6,
-  batch 8 as [FedRand] s.4.1; lr 1e-3 for the short budget); a training run takes a few minutes.
+- ``default``: EfficientNet-Lite0 (ImageNet, its 7x7 map as 49 visual tokens) + SmolLM2-135M-Instruct, LoRA
+  r=16 on every linear layer, AdamW 5e-3 (wd 1e-6, batch 8 as [FedRand] s.4.1), 312 members over 4 clients.
 - ``paper``: TinyLLaVA-OpenELM-450M-CLIP-0.55B and MSCOCO (Karpathy split) with [FedRand]'s settings
   (12 clients, 4 per round, 30 rounds, rank 8); local files only.
 """
@@ -71,6 +71,7 @@ class Spec:
     gen_tokens: int = 24
     tiny: dict = field(default_factory=dict)
     max_membership: int = 64
+    central_epochs: int | None = None  # the released view's central LoRA epochs (None: fl.local_epochs)
     data_seed: int = 0
     model_seed: int = 0
     notes: dict = field(default_factory=dict)
@@ -94,17 +95,33 @@ SPECS: dict[str, Spec] = {
         # MaxRényi could not separate members (measured at 4 local epochs, client view: AUROC 0.55-0.6 at 0.1,
         # 0.85-0.89 at 0.2 over 3 seeds; one seed: 0.62 at 0.4, 0.41 at 0.6 - confidently wrong on non-members).
         tiny=dict(hidden=64, layers=5, heads=4, intermediate=128, init_std=0.2)),
-    # Sized like llm-text default (~2 s per LoRA step on 2 cores): 3 rounds x 2 clients x 15 steps, ~3 min per
-    # training run. Small clients (96 members over 4) so a client's images are seen ~10 times. lr 1e-3 instead
-    # of FedRand's 3e-4 (its 30 rounds are ~50x more steps); measured on FedAvg, seed 0: held-out loss 0.79 vs
-    # 0.87, class accuracy 0.40 both, client-view loss-attack AUROC 0.93 vs 0.67, MaxRényi-10% caption 0.56
-    # vs 0.47 (the entropy scores stay near chance at this budget; the aligned base model: class acc 0.19).
+    # Candidates and participation as llm-text default (issue 11): 312 members over 4 clients, all 4 in every
+    # round, 250 candidates per side in the global view (the aux split holds back 62 per side), 312 non-members.
+    # Visual tokens: EfficientNet-Lite0 at 224 px gives a 7x7 feature map, kept whole as 49 visual tokens
+    # (LLaVA: 576), so MaxRenyi-K% of the image slice averages floor(K% x 49) positions (K=0: 1, K=10: 4);
+    # the caption slice has 10-18 positions (mean 13.8 with eos), where K=0 and K=10 both pick one (the
+    # record's attack_details states the counts).
+    # Budget: llm-text default's recipe (4 rounds x 1 local epoch, no step cap; LoRA r=16 on every linear layer,
+    # AdamW 5e-3), where FedAvg's loss attack cleared AUROC 0.75 in both views. Client sizes 102 / 54 / 99 / 57:
+    # 41 steps of batch 8 per round, 164 per training run, every member seen 4 times.
+    # NOT YET MEASURED for vlm-caption: the positive control has not been run at this budget (the session's
+    # machine could not align the projector in time). Measured step cost (batch 8, 1 thread, machine at load
+    # ~17 on 2 cores, so CPU time is inflated too): side 7 (87 tokens), r=16 on every linear: 16-18 s CPU,
+    # 175-195 s wall; side 2 (~42 tokens), r=8 on q,v (the earlier default): 7.3-7.5 s CPU, 54-56 s wall, where a
+    # quiet machine gave ~2 s. Scaling by the CPU ratio (2.3x): ~4.5 s per step quiet, ~12 min per training run.
+    # The earlier budget (side 2, r=8 on q,v, lr 1e-3, 96 members, 3 rounds x 2 of 4 clients x 15 steps) measured
+    # on FedAvg seed 0: client-view loss-attack AUROC 0.93 (0.67 at lr 3e-4), MaxRenyi-10% caption 0.56,
+    # held-out class accuracy 0.40 (the aligned base model: 0.19).
     "default": Spec(
-        model="effnet-smollm2", n_members=96, n_nonmembers=256, n_test=128,
-        fl=FLConfig(num_clients=4, clients_per_round=2, rounds=3, local_epochs=10, batch_size=8, lr=1e-3,
-                    optimizer="adamw", weight_decay=1e-6, dirichlet_alpha=0.5, max_local_steps=15),
-        lora_r=8, lora_alpha=16, lora_dropout=0.05, canvas=64, side=2, encoder_size=128,
-        # stage-1 alignment: ~4 s per projector step (batch 16, backward through the frozen LM): ~13 min, once
+        model="effnet-smollm2", n_members=312, n_nonmembers=312, n_test=128,
+        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=4, local_epochs=1, batch_size=8, lr=5e-3,
+                    optimizer="adamw", weight_decay=1e-6, dirichlet_alpha=0.5, max_local_steps=None),
+        lora_r=16, lora_alpha=32, lora_dropout=0.05,
+        lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        canvas=64, side=7, encoder_size=224, max_membership=250, central_epochs=4,
+        # stage-1 alignment (batch 16, backward through the frozen LM; cached once per projector_key): ~13 min at
+        # side 2 on a quiet machine; side 7 (87-token sequences) re-aligns: measured one step at 34.6 s CPU / 211 s
+        # wall under load ~17 (~115 min CPU for 200 steps there); scaled as the training steps, ~30 min quiet
         n_public=3200, projector_steps=200, projector_batch=16, projector_lr=2e-3, gen_items=48, gen_tokens=24),
     # [FedRand] s.4.1 and App. A.1: 50k MSCOCO training images, 5k held out; 12 clients, 4 per round, 30 rounds
     # of one local epoch, AdamW 3e-4, wd 1e-6, batch 8, LoRA rank 8; 300 members vs 300 non-members.
@@ -259,6 +276,12 @@ def public_items(p: Spec, tokenizer, layout: vlm.PromptLayout) -> list[dict]:
 # models per preset
 
 
+def effnet_smollm2_name(p: Spec) -> str:
+    """The default model as recorded (and in the projector's cache key): the encoder's input size included."""
+    return (f"EfficientNet-Lite0 (ImageNet, {p.encoder_size} px) + {llm.SMOLLM2_NAME} "
+            f"({llm.SMOLLM2_PACKAGE} {llm.md.version(llm.SMOLLM2_PACKAGE)} GGUF)")
+
+
 def _encoder_and_lm(p: Spec) -> tuple[nn.Module, Callable[[], nn.Module], Any, dict[str, Any]]:
     """(frozen encoder, factory of fresh base LMs, tokenizer, what to record in the task config)."""
     if p.model == "tiny":
@@ -269,10 +292,36 @@ def _encoder_and_lm(p: Spec) -> tuple[nn.Module, Callable[[], nn.Module], Any, d
             "tokenizer": f"word-level, {len(tok)} tokens (prompt + caption vocabulary)"}
     if p.model == "effnet-smollm2":
         base, tok = llm.smollm2_base()
-        return vlm.EfficientNetLite0Map(p.encoder_size), (lambda: copy.deepcopy(base)), tok, {
-            "model": f"EfficientNet-Lite0 (ImageNet, {p.encoder_size} px) + {llm.SMOLLM2_NAME} "
-                     f"({llm.SMOLLM2_PACKAGE} {llm.md.version(llm.SMOLLM2_PACKAGE)} GGUF)"}
+        encoder = vlm.EfficientNetLite0Map(p.encoder_size)
+        return encoder, (lambda: copy.deepcopy(base)), tok, {"model": effnet_smollm2_name(p)}
     raise ValueError(f"unknown VLM {p.model!r}")
+
+
+# Attacker-side population images per preset (reference models, [RMIA] / [LiRA]): Fashion-MNIST test images outside
+# the private splits, rendered like them; half train the reference models (>= the members' count), half are z samples.
+N_POPULATION = {"smoke": 256, "default": 512, "paper": 0}
+
+
+def population_items(p: Spec, tokenizer, layout: vlm.PromptLayout, used: Sequence[list[dict]], n: int) -> list[dict]:
+    """Up to ``n`` Fashion-MNIST test images in none of the ``used`` splits (members, non-members, test), in a
+    seeded order, augmented and captioned exactly as the private pool is (split 1, own source index)."""
+    if n <= 0:
+        return []
+    src = _fashion()
+    taken = {int(it["source_index"]) for part in used for it in part}
+    order = np.random.default_rng([p.data_seed, 0x504F50]).permutation(len(src.test_y)).tolist()
+    idx = np.asarray([i for i in order if i not in taken][:n], dtype=np.int64)
+    return render_items(src.test_x[idx], src.test_y[idx], seed=p.data_seed, split=1, canvas=p.canvas,
+                        tokenizer=tokenizer, layout=layout, max_caption_tokens=p.max_caption_tokens, source_index=idx)
+
+
+def projector_spec(p: Spec, model: str) -> dict[str, Any]:
+    """What the aligned projector depends on (its cache key, ``models.vlm.projector_key``): the model (encoder
+    size included), the visual-token grid, the canvas, the prompt and the public data."""
+    return {"model": model, "side": p.side, "canvas": p.canvas, "prompt": vlm.PROMPT_PRE + vlm.PROMPT_POST,
+            "data": {"source": "fashion-mnist train", "n": p.n_public, "seed": p.data_seed,
+                     "captions": "bench.captions v1"},
+            "model_seed": p.model_seed}
 
 
 def build_task(preset: str) -> Task:
@@ -283,6 +332,7 @@ def build_task(preset: str) -> Task:
     pid = llm.pad_id(tok)
     layout = vlm.make_layout(tok, p.side * p.side, pid)
     members, nonmembers, test = private_splits(p, tok, layout)
+    population = population_items(p, tok, layout, (members, nonmembers, test), N_POPULATION[preset])
     collate = make_collate(pid)
     lora = dict(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout, targets=p.lora_targets)
 
@@ -290,9 +340,7 @@ def build_task(preset: str) -> Task:
         return vlm.build_vlm(copy.deepcopy(encoder), make_lm(), layout, side=p.side, projector_state=projector_state,
                              lora=lora, seed=p.model_seed, train_projector=p.train_projector)
 
-    spec = {"model": model_cfg["model"], "side": p.side, "canvas": p.canvas, "prompt": vlm.PROMPT_PRE + vlm.PROMPT_POST,
-            "data": {"source": "fashion-mnist train", "n": p.n_public, "seed": p.data_seed, "captions": "bench.captions v1"},
-            "model_seed": p.model_seed}
+    spec = projector_spec(p, model_cfg["model"])
     holder: dict[str, Any] = {}
 
     def aligned() -> vlm.SmallVLM:
@@ -311,12 +359,13 @@ def build_task(preset: str) -> Task:
                                                  "trained_in_fl": p.train_projector, "spec": spec},
                       "data": "fashion-mnist test split (Debian dataset-fashion-mnist), grounded captions",
                       "canvas": p.canvas},
-                     arch="llama", probe=lambda: assemble(None))
+                     arch="llama", probe=lambda: assemble(None), population=population)
 
 
 def _assemble(preset: str, p: Spec, build_model: Callable[[], vlm.SmallVLM], tok, layout: vlm.PromptLayout,
               members: list[dict], nonmembers: list[dict], test: list[dict], collate, model_cfg: dict[str, Any], *,
-              arch: str, probe: Callable[[], vlm.SmallVLM] | None = None) -> Task:
+              arch: str, probe: Callable[[], vlm.SmallVLM] | None = None,
+              population: list[dict] | None = None) -> Task:
     member_ds, nonmember_ds, test_ds = Items(members), Items(nonmembers), Items(test)
     parts = split_clients(member_ds.labels, p.fl.num_clients, p.fl.dirichlet_alpha, seed=p.data_seed)
     client_data = [Subset(member_ds, idx) for idx in parts]
@@ -335,7 +384,7 @@ def _assemble(preset: str, p: Spec, build_model: Callable[[], vlm.SmallVLM], tok
                                       prompt_len=layout.prompt_len, image_size=p.canvas,
                                       num_classes=len(cap.CLASS_NAMES), generate=generate),
                   loss=vlm_loss, per_sample_loss=vlm_per_sample_loss, collate=collate, build_model=build_model,
-                  logits=vlm_logits)
+                  logits=vlm_logits, population_size=len(population or ()))
     utility = make_caption_utility(test_ds.items, collate, generate=generate,
                                    loss_fn=vlm.caption_nll, gen_items=p.gen_items, batch_size=16)
     config = {**model_cfg, "prompt": vlm.PROMPT_PRE + "{image}" + vlm.PROMPT_POST, "side": p.side,
@@ -345,8 +394,8 @@ def _assemble(preset: str, p: Spec, build_model: Callable[[], vlm.SmallVLM], tok
               "data_seed": p.data_seed, "model_seed": p.model_seed, **p.notes}
     return Task(scenario="vlm-caption", variant="", preset=preset, api=api, fl=p.fl, client_data=client_data,
                 test_data=test_ds, utility=utility, nonmembers=nonmember_ds, central_data=member_ds,
-                central_epochs=p.fl.local_epochs, max_membership=p.max_membership,
-                extras={"client_utility": True}, config=config)
+                central_epochs=p.central_epochs or p.fl.local_epochs, max_membership=p.max_membership,
+                extras={"client_utility": True}, config=config, population=Items(population) if population else None)
 
 
 # ----------------------------------------------------------------------------------------------
