@@ -45,7 +45,8 @@ class April(Attack):
     requires = ("image", "vit")  # the TaskAPI fields it reads (tests/test_scenario_conformance.py)
 
     boxed: bool = True  # clamp the solution to the valid pixel range (the attacker knows it)
-    driver: Literal["gels", "gelsy", "gelsd", "gelss"] = "gelsd"  # torch.linalg.lstsq driver (CPU; gelsd handles rank deficiency)
+    # torch.linalg.lstsq driver (CPU; gelsd handles rank deficiency)
+    driver: Literal["gels", "gelsy", "gelsd", "gelss"] = "gelsd"
 
     def applies(self, api: TaskSpec) -> str | None:
         if api.arch != "vit":
@@ -83,7 +84,7 @@ class April(Attack):
             failure = "positional-embedding gradient is all zero"
         elif patch_name is None:
             failure = "no patch-embedding weight gradient"
-        if failure:
+        if failure or patch_name is None:
             details["failed"] = failure
             return Reconstructions(torch.zeros(1, *shape), labels, details)
 
@@ -94,7 +95,7 @@ class April(Attack):
             x = torch.max(torch.min(x, hi), lo)
         return Reconstructions(x.unsqueeze(0), labels, details)
 
-    def run_batch(self, observations: list[Observation]) -> list[Reconstructions]:
+    def run_batch(self, observations: Sequence[Observation]) -> list[Reconstructions]:
         """Closed form: one small least-squares solve per target, no joint optimisation to gain."""
         return [self.run(o) for o in observations]
 

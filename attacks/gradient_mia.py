@@ -16,7 +16,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from sklearn.ensemble import GradientBoostingClassifier
 
 from attacks.loss_mia import aux_sets
 from bench.params import param
@@ -53,6 +52,8 @@ class GradientMIA(Attack):
     def norms(self, obs: Observation, items: list[Any], what: str) -> torch.Tensor:
         """Per-sample per-tensor gradient norms, seeded by the cell, computed once per (model, candidates)
         in the cell group (``obs.signals``)."""
+        if obs.model is None:
+            raise ValueError(f"gradient_mia needs a model in the observation (view {obs.view!r})")
         steps = loss_timesteps(obs.api, self.timesteps)
         feats, _ = per_sample_grad_norms(obs.api, obs.model, items, batch_size=self.batch_size, timesteps=steps,
                                          use_vmap=self.use_vmap, desc=f"gradient_mia {what}", seed=obs.seed,
@@ -70,6 +71,8 @@ class GradientMIA(Attack):
         fm, fn = fa[:len(aux_m)], fa[len(aux_m):]
         x = np.concatenate([gradient_features(fm), gradient_features(fn)])
         y = np.concatenate([np.ones(len(fm)), np.zeros(len(fn))])
+        from sklearn.ensemble import GradientBoostingClassifier  # lazy (start-up)
+
         clf = GradientBoostingClassifier(n_estimators=self.n_estimators, max_depth=self.max_depth,
                                          learning_rate=self.learning_rate, random_state=obs.seed)
         clf.fit(x, y)

@@ -25,8 +25,8 @@ the engine runs cells in parallel processes instead. The cell seed (``obs.seed``
 
 Modelling choices (documented for the leaderboard reader):
 - The model is inverted in the mode the client used: ``model_mode="auto"`` means "train" (``bench.fl``
-  computes updates in train mode). Train-mode BatchNorm normalises with the batch's own statistics; when a layer has a single
-  value per channel (batch 1, 1x1 feature map) torch refuses it in train mode, so the client could
+  computes updates in train mode). Train-mode BatchNorm normalises with the batch's own statistics; when a
+  layer has a single value per channel (batch 1, 1x1 feature map) torch refuses it in train mode, so the client could
   not have used it either: the attack then falls back to eval mode and says so. Note: with batch 1,
   train-mode BatchNorm is an instance norm at every layer and inversion converges far more slowly
   than against eval-mode BatchNorm (the setting of Geiping et al.'s own code).
@@ -53,7 +53,7 @@ from torch.nn import functional as F
 from bench.params import param
 from bench.progress import nested, progress
 from bench.registry import register_attack
-from bench.types import Attack, Observation, Reconstructions, TaskAPI
+from bench.types import Attack, Observation, Reconstructions, TaskAPI, TaskSpec
 
 # ----------------------------------------------------------------------------------------------
 # helpers shared with attacks/april.py
@@ -178,7 +178,7 @@ def attacker_copy(model: nn.Module, mode: str) -> tuple[nn.Module, str]:
         p.requires_grad_(False)
     for mod in m.modules():
         if hasattr(mod, "fused_attn"):
-            mod.fused_attn = False
+            mod.fused_attn = False  # type: ignore[assignment]  # torch types Module attributes as Tensor | Module
     m.train(mode == "train")
     if mode == "train":
         replace_all_batch_norm_modules_(m)
@@ -248,7 +248,7 @@ class InvertingGradients(Attack):
         if self.lr <= 0 or self.tv < 0:
             raise ValueError("lr must be > 0 and tv >= 0")
 
-    def applies(self, api: TaskAPI) -> str | None:
+    def applies(self, api: TaskSpec) -> str | None:
         if api.family != "image-cls":
             return f"inverting gradients here inverts image classifiers (family is {api.family})"
         if api.image is None:
@@ -258,7 +258,7 @@ class InvertingGradients(Attack):
     def run(self, obs: Observation, candidates: Sequence[Any] | None = None) -> Reconstructions:
         return self.run_batch([obs])[0]
 
-    def run_batch(self, observations: list[Observation]) -> list[Reconstructions]:
+    def run_batch(self, observations: Sequence[Observation]) -> list[Reconstructions]:
         """Reconstruct every observation's inputs, one target at a time (module doc: jointly
         optimising targets with ``vmap`` was slower per target-iteration on ResNet34 and the ViT)."""
         return [self._optimise(self._prepare(o))  # the unit's main loop: the run's bar follows the targets
@@ -320,12 +320,13 @@ class InvertingGradients(Attack):
 
     def start(self, job: _Job, *, restart: int, iterations: int) -> _Run:
         """Set up one restart's optimisation (model copy, target norms, dummy, optimiser)."""
-        api = job.obs.api
+        api, target = job.obs.api, job.obs.model
+        assert api.image is not None and target is not None  # applies() and _prepare() checked both
         shape = tuple(api.image.input_shape)
-        model, mode = attacker_copy(job.obs.model, job.mode)
+        model, mode = attacker_copy(target, job.mode)
         mode_note = mode
         if mode == "train" and not _forward_ok(model, shape, job.batch):
-            model, mode = attacker_copy(job.obs.model, "eval")
+            model, mode = attacker_copy(target, "eval")
             mode_note = "eval (train-mode BatchNorm cannot normalise a single value per channel)"
         params = dict(model.named_parameters())
         p0 = {n: params[n].requires_grad_(True) for n in job.names}  # only matched tensors get gradients

@@ -125,13 +125,14 @@ class LossMIA(Attack):
     def run(self, obs: Observation, candidates: Sequence[Any] | None) -> Scores:
         if obs.model is None:
             raise ValueError(f"loss_mia needs a model in the observation (view {obs.view!r})")
+        target = obs.model
         items = list(candidates or [])
         if not items:
             raise ValueError("loss_mia needs candidates to score")
         steps = loss_timesteps(obs.api, self.timesteps)
 
         def losses(xs: list[Any], what: str) -> Tensor:  # seeded by the cell; shared through obs.signals
-            return per_sample_losses(obs.api, obs.model, xs, batch_size=self.batch_size, timesteps=steps,
+            return per_sample_losses(obs.api, target, xs, batch_size=self.batch_size, timesteps=steps,
                                      desc=f"loss_mia {what}", seed=obs.seed, cache=obs.signals)
 
         cand = losses(items, "candidates")

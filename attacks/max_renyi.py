@@ -24,7 +24,7 @@ import torch
 from bench.params import param
 from bench.registry import register_attack
 from bench.signals import PartSignals, alpha_name, masked_topk_means, token_signals
-from bench.types import Attack, Observation, Scores, TaskAPI
+from bench.types import Attack, Observation, Scores, TaskSpec
 
 DEFAULT_KS = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100)
 
@@ -88,7 +88,7 @@ class MaxRenyi(Attack):
             raise ValueError(f"primary K={self.primary_k}, alpha={self.primary_alpha} must be among "
                              f"ks={self.ks} and alphas={self.alphas}")
 
-    def applies(self, task: TaskAPI) -> str | None:
+    def applies(self, task: TaskSpec) -> str | None:
         if not task.parts:  # the LM logits' slices: declared iff api.logits
             return "needs a language-model head (api.logits)"
         return None

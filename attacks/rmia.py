@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-from scipy.stats import norm
 from torch import Tensor
 
 from bench.params import param
@@ -60,6 +59,8 @@ def lira_offline_scores(phi_target: Tensor, phi_refs: Tensor, *, global_variance
     else:
         sd = phi_refs.std(1)
     z = (phi_target.double() - mu) / sd.clamp(min=1e-12)
+    from scipy.stats import norm  # lazy: scipy.stats costs seconds at start-up
+
     return torch.from_numpy(norm.logcdf(z.numpy()))
 
 

@@ -14,9 +14,6 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from opacus.accountants import create_accountant
-from opacus.accountants.utils import get_noise_multiplier
-
 # RDP orders: opacus' defaults (1.1 ... 10.9, 12 ... 63) extended towards 1 and upwards, so that the optimum
 # is interior both for the weak-noise regime of large-epsilon papers and for strong noise.
 RDP_ALPHAS: list[float] = ([1.01, 1.02, 1.05] + [1 + x / 10.0 for x in range(1, 100)]
@@ -73,6 +70,8 @@ def composed_epsilon(noise_multiplier: float, sample_rate: float, steps: int, de
         return 0.0
     if noise_multiplier <= 0:
         return math.inf
+    from opacus.accountants import create_accountant  # lazy: opacus pulls in torch.distributed (start-up)
+
     acc = create_accountant(mechanism=accountant)
     acc.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
     # the RDP -> (eps, delta) conversion goes below 0 for a large delta (e.g. 0.5): (eps < 0, delta)-DP
@@ -87,6 +86,8 @@ def noise_multiplier_for(epsilon: float, delta: float, sample_rate: float, steps
     _check_delta(delta)
     if epsilon <= 0:
         raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    from opacus.accountants.utils import get_noise_multiplier  # lazy (start-up)
+
     return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
                                       steps=int(steps), accountant=accountant, **_accountant_kwargs(accountant)))
 

@@ -28,7 +28,6 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy.stats import beta
 
 DEFAULT_DELTA = 1e-5  # the delta used to audit a defense that claims no (epsilon, delta)
 
@@ -53,11 +52,18 @@ class EpsilonBound:
         return asdict(self)
 
 
+def _beta():
+    """scipy.stats.beta, imported on first use: scipy.stats costs seconds at start-up."""
+    from scipy.stats import beta
+
+    return beta
+
+
 def cp_lower(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
     """One-sided Clopper-Pearson lower bound (level 1 - alpha) on a proportion with k successes of n."""
     k = np.asarray(k, dtype=float)
     with np.errstate(invalid="ignore"):
-        out = beta.ppf(alpha, k, n - k + 1)
+        out = _beta().ppf(alpha, k, n - k + 1)
     return np.where(k <= 0, 0.0, out)
 
 
@@ -65,7 +71,7 @@ def cp_upper(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
     """One-sided Clopper-Pearson upper bound (level 1 - alpha) on a proportion with k successes of n."""
     k = np.asarray(k, dtype=float)
     with np.errstate(invalid="ignore"):
-        out = beta.ppf(1.0 - alpha, k + 1, n - k)
+        out = _beta().ppf(1.0 - alpha, k + 1, n - k)
     return np.where(k >= n, 1.0, out)
 
 

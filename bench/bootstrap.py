@@ -10,7 +10,6 @@ import re
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from scipy import stats
 
 LEVEL = 0.95
 # TPR at FPR f is only reported with at least MIN_NEG_PER_FPR / f non-members (10 false positives at the
@@ -34,6 +33,8 @@ def tpr_unreported(fpr: float, n_nonmembers: int) -> str:
 def auroc_rows(pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
     """AUROC per row of [B, n1] member and [B, n0] non-member scores (Mann-Whitney U, ties averaged)."""
     n1, n0 = pos.shape[1], neg.shape[1]
+    from scipy import stats  # lazy: scipy.stats costs seconds at start-up
+
     ranks = stats.rankdata(np.concatenate([pos, neg], axis=1), axis=1)
     return (ranks[:, :n1].sum(1) - n1 * (n1 + 1) / 2) / (n1 * n0)
 

@@ -23,7 +23,8 @@ from .progress import progress
 
 _WORD = re.compile(r"[a-z0-9]+(?:[-'][a-z0-9]+)*")
 # accepted spellings of each Fashion-MNIST class noun beside bench.captions' own (index -> phrases)
-CLASS_ALIASES: dict[int, tuple[str, ...]] = {0: ("t-shirt", "t shirt", "tshirt", "tee"), 1: ("pair of trousers", "trousers"),
+CLASS_ALIASES: dict[int, tuple[str, ...]] = {0: ("t-shirt", "t shirt", "tshirt", "tee"),
+                                             1: ("pair of trousers", "trousers"),
                                              9: ("ankle boot", "boot")}
 
 
@@ -106,7 +107,8 @@ def grounding_scores(hypotheses: Sequence[str], labels: Sequence[int],
     return out
 
 
-def make_caption_utility(items: Sequence[dict[str, Any]], collate: Callable, *, generate: Callable[[nn.Module, Any], list[str]],
+def make_caption_utility(items: Sequence[dict[str, Any]], collate: Callable, *,
+                         generate: Callable[[nn.Module, Any], list[str]],
                          loss_fn: Callable[[nn.Module, Any], tuple[torch.Tensor, torch.Tensor]], gen_items: int,
                          batch_size: int = 16) -> Callable[[nn.Module], dict[str, float]]:
     """``utility(model)``: held-out caption loss / perplexity over ``items`` and caption metrics of greedy

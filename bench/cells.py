@@ -5,22 +5,32 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, cast
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_curve
 from torch import nn
-from torch.utils.data import ConcatDataset, Subset
+from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from .fl import TrainResult, client_model_state, current, load_state
-from .metrics import membership_metrics, membership_point, mean_ci, reconstruction_metrics, to_unit
-from .figures import save_grid
+from .metrics import mean_ci, membership_metrics, membership_point, reconstruction_metrics, to_unit
 from .reference import Reference
 from .signal_cache import group_cache
 from .task import Task
 from .training import build_trained_model
-from .types import Attack, ClientState, Defense, Observation, Public, Reconstructions, RoundCtx, Scores
+from .types import (
+    Attack,
+    ClientState,
+    Defense,
+    FLMode,
+    Observation,
+    Public,
+    Reconstructions,
+    RoundCtx,
+    Scores,
+    View,
+    n_items,
+)
 
 
 def _items(ds) -> list[Any]:
@@ -33,8 +43,12 @@ def labels_of(ds) -> list[int] | None:
         inner = labels_of(ds.dataset)
         return None if inner is None else [inner[i] for i in ds.indices]
     if isinstance(ds, ConcatDataset):
-        parts = [labels_of(d) for d in ds.datasets]
-        return None if any(p is None for p in parts) else [v for p in parts for v in p]
+        out: list[int] = []
+        for part in (labels_of(d) for d in ds.datasets):
+            if part is None:
+                return None
+            out.extend(part)
+        return out
     for attr in ("labels", "targets"):
         v = getattr(ds, attr, None)
         if v is not None:
@@ -105,19 +119,22 @@ def split_candidates(n_members: int, n_nonmembers: int, max_per_side: int, seed:
 def view_split(task: Task, view: str, n_members: int, seed: int) -> CandidateSplit:
     """The seed's candidate split of a view's pools. A task with ``eval_subsets`` (ldm-t2i: [SMP-LoRA]
     evaluates on D_te only) draws the evaluation candidates from those positions, the aux split from the rest."""
+    if task.nonmembers is None:
+        raise ValueError(f"task {task.id} has no held-out non-members")
+    n_nonmembers = n_items(task.nonmembers)
     subsets = task.eval_subsets
     if not subsets:
-        return split_candidates(n_members, len(task.nonmembers), task.max_membership, seed)
+        return split_candidates(n_members, n_nonmembers, task.max_membership, seed)
     key = "central" if view == "released_model" or not task.client_data else "clients"
     em, en = list(subsets[key]), list(subsets["nonmembers"])
-    if not (set(em) <= set(range(n_members)) and set(en) <= set(range(len(task.nonmembers)))):
+    if not (set(em) <= set(range(n_members)) and set(en) <= set(range(n_nonmembers))):
         raise ValueError(f"task {task.id}: eval_subsets name positions outside the {view} pools")
     e = min(task.max_membership, len(em), len(en))
     if e < 8:
         raise ValueError(f"too few evaluation candidates for a membership cell: {len(em)} members and {len(en)} "
                          f"non-members in the task's eval_subsets; need at least 8")
     rm = [i for i in range(n_members) if i not in set(em)]
-    rn = [i for i in range(len(task.nonmembers)) if i not in set(en)]
+    rn = [i for i in range(n_nonmembers) if i not in set(en)]
     rng = np.random.default_rng([seed, 0x4D49])  # the seed only: every defense and the base model agree
     pick = lambda xs: [xs[i] for i in rng.permutation(len(xs))]  # noqa: E731
     pm, pn, am, an = pick(em), pick(en), pick(rm), pick(rn)
@@ -134,8 +151,8 @@ def client_ranges(task: Task) -> list[range]:
     """Each client's index range in the concatenated member pool."""
     out, start = [], 0
     for ds in task.client_data:
-        out.append(range(start, start + len(ds)))
-        start += len(ds)
+        out.append(range(start, start + n_items(ds)))
+        start += n_items(ds)
     return out
 
 
@@ -152,10 +169,10 @@ def assign_nonmembers(groups: list[list[int]], m_labels: list[int] | None, nonme
     pools: dict[int, list[int]] = {}
     for i in nonmembers:
         pools.setdefault(n_labels[i], []).append(i)
-    out = [[pools[m_labels[m]].pop(0) if pools.get(m_labels[m]) else None for m in g] for g in groups]
-    taken = {i for g in out for i in g if i is not None}
+    slots = [[pools[m_labels[m]].pop(0) if pools.get(m_labels[m]) else None for m in g] for g in groups]
+    taken = {i for g in slots for i in g if i is not None}
     rest = iter([i for i in nonmembers if i not in taken])  # a label that ran out: top up in order
-    return [[i if i is not None else next(rest, None) for i in g] for g in out]
+    return [[i if i is not None else next(rest) for i in g] for g in slots]  # one non-member per member
 
 
 @dataclass
@@ -183,6 +200,8 @@ def membership_parts(task: Task, defense: Defense | None, view: str, train: Trai
     whole = (split.aux_members, split.aux_nonmembers)
     if defense is None:
         return pool, split, [Part(task.api.build_model().eval(), split.members, split.nonmembers, whole)]
+    if train is None:
+        raise ValueError(f"the {view} view of defense {defense.name} needs its training run")
     if view != "client_model":
         model = build_trained_model(task, defense, train.global_state, train.global_buffers)
         return pool, split, [Part(model, split.members, split.nonmembers, whole)]
@@ -231,6 +250,8 @@ def best_threshold(members: np.ndarray, nonmembers: np.ndarray) -> float:
     """The threshold maximising the balanced accuracy of ``score >= t`` on the attacker's aux scores."""
     s = np.concatenate([members, nonmembers]).astype(float)
     y = np.r_[np.ones(len(members)), np.zeros(len(nonmembers))]
+    from sklearn.metrics import roc_curve  # lazy: sklearn is not needed to plan (start-up)
+
     fpr, tpr, thr = roc_curve(y, s, drop_intermediate=False)
     j = int(np.argmax(tpr - fpr))
     return float(thr[j]) if np.isfinite(thr[j]) else float(s.max()) + 1.0
@@ -257,8 +278,10 @@ def run_membership(task: Task, defense: Defense | None, attack: Attack, view: st
     arrays: dict[str, np.ndarray] = {}
     thresholds = np.full(n_all, np.nan)
     seen = np.zeros(n_all, dtype=bool)
-    item = lambda c: pool[c[1]] if c[0] == "m" else task.nonmembers[c[1]]  # noqa: E731
-    primary, keep = "", ()
+    nonmembers = task.nonmembers
+    assert nonmembers is not None  # membership_parts checked
+    item = lambda c: pool[c[1]] if c[0] == "m" else nonmembers[c[1]]  # noqa: E731
+    primary, keep = "", cast("tuple[str, ...]", ())
     details: dict[str, Any] = {}  # Scores.details per scoring model (client view: per client)
     for part in parts:
         cands = [("m", i) for i in part.members] + [("n", i) for i in part.nonmembers]
@@ -270,8 +293,8 @@ def run_membership(task: Task, defense: Defense | None, attack: Attack, view: st
         if not isinstance(out, Scores):
             raise TypeError(f"membership attack {attack.name} returned {type(out).__name__}, expected Scores")
         at = [pos[cands[o]] for o in order]
-        for name, s in out.scores.items():
-            s = _np(s)
+        for name, raw in out.scores.items():
+            s = _np(raw)
             if s.shape != (len(at),):
                 raise ValueError(f"score {name!r} has shape {s.shape}, expected ({len(at)},)")
             arrays.setdefault(name, np.full(n_all, np.nan))[at] = s
@@ -312,12 +335,16 @@ def membership_observation(task: Task, defense: Defense | None, attack: Attack, 
     """What a membership attack observes for one scoring model (``part``): the model, the aux split in
     ``public`` only when it ``uses_aux``, reference models when it ``uses_reference``, the shared signals."""
     uses_aux = bool(getattr(attack, "uses_aux", False))
+    nonmembers = task.nonmembers
+    if uses_aux and nonmembers is None:
+        raise ValueError(f"task {task.id} has no held-out non-members")
     public = Public(aux_members=[pool[i] for i in part.aux[0]],
-                    aux_nonmembers=[task.nonmembers[i] for i in part.aux[1]]) if uses_aux else Public()
+                    aux_nonmembers=[nonmembers[i] for i in part.aux[1]]) if nonmembers is not None and uses_aux \
+        else Public()
     # reference-model attacks ([RMIA]): reference models of this view / client, cached under cache_root
     reference = Reference(task, defense, view, part.client, seed, cache_root) \
         if getattr(attack, "uses_reference", False) else None
-    return Observation(view=view, model=part.model, message=None, api=task.api, public=public, seed=seed,
+    return Observation(view=cast(View, view), model=part.model, message=None, api=task.api, public=public, seed=seed,
                        signals=group_cache((task.id, repr(defense), seed)),  # shared per-candidate signals
                        reference=reference)
 
@@ -331,9 +358,14 @@ def _aux_threshold(attack: Attack, out: Scores, obs: Observation, part: Part, po
         return best_threshold(_np(cm), _np(cn))
     if uses_aux or not part.aux[0] or not part.aux[1]:
         return float("nan")  # its scores on the aux split are in-sample (it trained on them)
-    aux = [pool[i] for i in part.aux[0]] + [task.nonmembers[i] for i in part.aux[1]]
+    nonmembers = task.nonmembers
+    assert nonmembers is not None  # membership_parts checked
+    aux = [pool[i] for i in part.aux[0]] + [nonmembers[i] for i in part.aux[1]]
     torch.manual_seed(seed)
-    s = _np(attack.run(obs, aux).scores[out.primary])
+    aux_out = attack.run(obs, aux)
+    if not isinstance(aux_out, Scores):
+        raise TypeError(f"membership attack {attack.name} returned {type(aux_out).__name__}, expected Scores")
+    s = _np(aux_out.scores[out.primary])
     return best_threshold(s[:len(part.aux[0])], s[len(part.aux[0]):])
 
 
@@ -350,8 +382,9 @@ def probe_observations(task: Task, defense: Defense, seed: int) -> tuple[list[Ob
     names = tuple(task.shared_names(model0))
     state0 = current(model0, names)
     fl = replace(task.fl, batch_size=1, local_epochs=1, max_local_steps=1, rounds=1)
-    if defense.fl_mode():
-        fl = replace(fl, mode=defense.fl_mode())
+    mode = defense.fl_mode()
+    if mode:
+        fl = replace(fl, mode=mode)
     work = copy.deepcopy(model0)
     observations, targets = [], list(task.recon_targets or [])
     for i, item in enumerate(targets):
@@ -359,10 +392,11 @@ def probe_observations(task: Task, defense: Defense, seed: int) -> tuple[list[Ob
         ctx = RoundCtx(round=0, rounds=1, fl=fl, task=api, generator=gen, num_selected=1, global_state=state0,
                        shared_names=names, extras=task.extras)
         load_state(work, state0)
-        msg = defense.client_step(ClientState(1000 + i, work, [item], {}), ctx)
+        one = cast(Dataset, [item])  # a list is a map-style dataset (len and indexing)
+        msg = defense.client_step(ClientState(1000 + i, work, one, {}), ctx)
         observations.append(Observation(view="client_update", model=copy.deepcopy(model0), message=msg, api=api,
                                         public=Public(global_state=state0, lr=fl.lr, local_steps=1,
-                                                      num_samples=1, mode=fl.mode), seed=seed))
+                                                      num_samples=1, mode=cast(FLMode, fl.mode)), seed=seed))
     return observations, targets
 
 
@@ -372,7 +406,9 @@ def run_reconstruction(task: Task, attack: Attack, probes: tuple[list[Observatio
     if not targets:
         raise ValueError(f"task {task.id} has no reconstruction targets")
     torch.manual_seed(seed)
-    outs = attack.run_batch(observations)
+    outs = [o for o in attack.run_batch(observations) if isinstance(o, Reconstructions)]
+    if len(outs) != len(observations):
+        raise TypeError(f"reconstruction attack {attack.name} must return one Reconstructions per observation")
     recon = torch.cat([o.images for o in outs]).detach().float().cpu().numpy()
     truth = torch.stack([t[0] for t in targets]).float().numpy()
     if recon.shape != truth.shape:
@@ -390,6 +426,8 @@ def run_reconstruction(task: Task, attack: Attack, probes: tuple[list[Observatio
         per["label_correct"] = (got == want).astype(float).tolist()
         metrics["label_acc"] = mean_ci(per["label_correct"], seed=seed)
     failed = [o.details.get("failed") for o in outs if o.details.get("failed")]
+    from .figures import save_grid  # lazy: matplotlib (start-up)
+
     grid = save_grid(t01, r01, artifact_dir / "grid.png", title=f"{task.id} / {attack.name}",
                      scores=per["ssim"])
     return {"metrics": metrics, "per_sample": per, "artifacts": {"grid": grid},

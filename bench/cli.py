@@ -198,6 +198,18 @@ def warn_positive_controls(out: Path) -> None:
               file=sys.stderr)
 
 
+def listed_tasks(names: list[str], preset: str) -> list:
+    """What ``bench list`` plans over: each scenario's static declarations (bench.specs: no data, no model),
+    its built tasks only where it declares none at this preset."""
+    from .specs import declared
+
+    out: list = []
+    for n in names:
+        d = declared(SCENARIOS.get(n), preset)
+        out.extend(d if d is not None else build_tasks([n], preset))
+    return out
+
+
 def cmd_list(a) -> int:
     from .runner import plan
 
@@ -210,7 +222,7 @@ def cmd_list(a) -> int:
     print("attacks:")
     for name, cls in ATTACKS.items():
         print(f"  {name:20s} {cls.kind:14s} views={','.join(cls.views)}  {cls.paper}")
-    tasks = build_tasks(names, preset)
+    tasks = listed_tasks(names, preset)
     cells = plan(tasks, expand(DEFENSES, "all", full_grid=preset != "smoke"), expand(ATTACKS, "all"), [0])
     print(f"cells at preset {preset} (one seed): {sum(c.na is None for c in cells)} apply, "
           f"{sum(c.na is not None for c in cells)} n/a")

@@ -9,9 +9,9 @@ of the global state, an aggregate with the global state's keys and shapes, ident
 for a fixed seed, epsilon None or >= 0, a time budget, and a utility floor (the task's held-out loss
 not worse than the untrained model's by more than a margin; only a warning for defenses that declare
 an epsilon, whose noise may legitimately cost that much). The held-out loss stands in for the
-scenario's utility (which can mean sampling images for FID): cheap, and the same direction everywhere. An attack is checked for its declared kind and views and
-run once on a smoke observation (scores: one finite value per candidate; reconstructions: finite,
-in the model's input shape).
+scenario's utility (which can mean sampling images for FID): cheap, and the same direction everywhere.
+An attack is checked for its declared kind and views and run once on a smoke observation (scores: one
+finite value per candidate; reconstructions: finite, in the model's input shape).
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import time
 import traceback
 import typing
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
-from typing import Any, Callable, Mapping, TextIO
+from functools import cache
+from typing import Any, Callable, Mapping, Sequence, TextIO, cast
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ from .params import describe_field, range_of, valid_epsilon
 from .registry import ATTACKS, DEFENSES, SCENARIOS, UsageError, build, expand, parse_value
 from .run_state import resolve_delta
 from .task import Task
-from .types import VIEWS, Attack, Defense, Message, Reconstructions, Scores, TaskAPI
+from .types import VIEWS, Attack, Defense, Message, Reconstructions, Scores, TaskAPI, n_items
 
 ROUNDS = 2
 MAX_LOCAL_STEPS = 1
@@ -78,7 +78,7 @@ class Report:
 # tasks
 
 
-@lru_cache(maxsize=None)
+@cache
 def smoke_tasks(scenario: str) -> tuple[Task, ...]:
     return tuple(SCENARIOS.get(scenario)("smoke"))
 
@@ -121,7 +121,8 @@ def choose_task(applies: Callable[[Any], str | None], scenario: str | None) -> t
 
 def field_checks(report: Report, cls: type, kind: str) -> None:
     if not dataclasses.is_dataclass(cls):
-        report.add("hyper-parameters", False, f"{cls.__name__} is not a @dataclass: its fields are its hyper-parameters")
+        report.add("hyper-parameters", False,
+                   f"{cls.__name__} is not a @dataclass: its fields are its hyper-parameters")
         return
     hints = typing.get_type_hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]
@@ -145,12 +146,13 @@ def field_checks(report: Report, cls: type, kind: str) -> None:
     except Exception as e:  # noqa: BLE001 - report every kind of failure
         report.add("ranges", False, f"the default configuration is invalid: {e}")
     bad = []
-    for cfg in getattr(cls, "grid", ({},)):
+    grid: Sequence[Mapping[str, Any]] = getattr(cls, "grid", ({},))
+    for cfg in grid:
         try:
             build(cls, dict(cfg), kind)
         except Exception as e:  # noqa: BLE001 - report every kind of failure
             bad.append(f"{dict(cfg)}: {e}")
-    report.add("grid", not bad, f"{len(cls.grid)} configuration(s)" + (f"; invalid: {'; '.join(bad)}" if bad else ""))
+    report.add("grid", not bad, f"{len(grid)} configuration(s)" + (f"; invalid: {'; '.join(bad)}" if bad else ""))
     task_fields = {f.name for f in dataclasses.fields(TaskAPI)}
     requires = getattr(cls, "requires", ())
     unknown = [r for r in requires if r not in task_fields] if isinstance(requires, tuple) else [requires]
@@ -237,9 +239,9 @@ def _train(task: Task, probe: _Probe, seed: int, py_seed: int):
     from .fl import run_federated
 
     random.seed(py_seed)
-    np.random.seed(py_seed)
+    np.random.seed(py_seed)  # noqa: NPY002 -- the legacy global state is what a careless defense would draw from
     t0 = time.time()
-    model, res = run_federated(task, probe, seed, desc="check")
+    model, res = run_federated(task, cast(Defense, probe), seed, desc="check")  # a duck-typed Defense proxy
     return model, res, time.time() - t0
 
 
@@ -250,7 +252,7 @@ HELDOUT = 32  # test items for the utility floor
 def heldout_loss(task: Task, model, n: int = HELDOUT) -> float:
     """The task's own loss on the first ``n`` test items, with a fixed seed (diffusion losses draw noise)."""
     data = task.test_data
-    items = [data[i] for i in range(min(n, len(data)))]
+    items = [data[i] for i in range(min(n, n_items(data)))]
     if not items:
         raise ValueError(f"{task.id} has no test data")
     model.eval()
@@ -330,7 +332,8 @@ def check_defense_config(defense: Defense, task: Task, report: Report, *, seed: 
         same_t = res.transcript == res2.transcript
         detail = "identical global state and transcript for seed 0" if not diff and same_t else (
             f"{len(diff)} tensor(s) differ between two runs with seed {seed}"
-            + (f" (first {diff[0]!r}, max |diff| {float((res.global_state[diff[0]] - res2.global_state[diff[0]]).abs().max()):.3g})"
+            + (f" (first {diff[0]!r}, max |diff| "
+               f"{float((res.global_state[diff[0]] - res2.global_state[diff[0]]).abs().max()):.3g})"
                if diff else "") + ("" if same_t else "; the message transcripts differ")
             + " (hint: draw randomness from ctx.generator, not the random / numpy global state)")
         report.add("determinism", not diff and same_t, detail)
@@ -339,7 +342,8 @@ def check_defense_config(defense: Defense, task: Task, report: Report, *, seed: 
     except BaseException as e:  # noqa: BLE001
         report.add("determinism", False, f"second run raised {type(e).__name__}: {e}")
         wall2 = 0.0
-    report.add("time budget", max(wall, wall2) <= budget_s, f"{max(wall, wall2):.1f} s per run (budget {budget_s:.0f} s)")
+    report.add("time budget", max(wall, wall2) <= budget_s,
+               f"{max(wall, wall2):.1f} s per run (budget {budget_s:.0f} s)")
     delta = resolve_delta(defense, task.api)  # the run's delta, as the harness records it
     eps_detail, eps_ok = [], True
     trained = probe.inner
@@ -544,7 +548,9 @@ def _run_membership(attack: Attack, task: Task, seed: int) -> str:
 
     pool, _, parts = membership_parts(task, None, "global_model", None, seed)
     part = parts[0]
-    cands = [pool[i] for i in part.members] + [task.nonmembers[i] for i in part.nonmembers]
+    nonmembers = task.nonmembers
+    assert nonmembers is not None  # membership_parts checked
+    cands = [pool[i] for i in part.members] + [nonmembers[i] for i in part.nonmembers]
     obs = membership_observation(task, None, attack, "global_model", part, pool, seed)
     out = attack.run(obs, cands)
     if not isinstance(out, Scores):

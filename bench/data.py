@@ -98,7 +98,8 @@ def fashion_mnist(root: str | Path = FASHION_MNIST_DIR) -> ImageSource:
         tmp = cached.with_name(cached.name + f".{os.getpid()}.tmp.npz")
         np.savez(tmp, **arr)
         os.replace(tmp, cached)
-    return ImageSource("fashion-mnist", str(root), FASHION_MNIST_CLASSES, arr["train_x"], arr["train_y"].astype(np.int64),
+    return ImageSource("fashion-mnist", str(root), FASHION_MNIST_CLASSES,
+                       arr["train_x"], arr["train_y"].astype(np.int64),
                        arr["test_x"], arr["test_y"].astype(np.int64))
 
 
@@ -157,7 +158,8 @@ def cifar10(root: str | Path | None = None) -> ImageSource:
             f"Fetch it on a machine with internet: `python -c \"import torchvision; "
             f"torchvision.datasets.CIFAR10('{root}', download=True)\"` and copy the folder here, "
             f"or set BENCH_CIFAR10 to a folder that holds it.") from None
-    return ImageSource("cifar10", str(root), CIFAR10_CLASSES, np.asarray(train.data), np.asarray(train.targets, np.int64),
+    return ImageSource("cifar10", str(root), CIFAR10_CLASSES,
+                       np.asarray(train.data), np.asarray(train.targets, np.int64),
                        np.asarray(test.data), np.asarray(test.targets, np.int64))
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 import resource
+import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 import torch
@@ -20,13 +20,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from .progress import nested, progress
 from .run_state import new_run
-from .types import ClientState, Defense, FLConfig, Message, RoundCtx
+from .types import ClientState, Defense, FLConfig, Message, RoundCtx, n_items
 
 # ----------------------------------------------------------------------------------------------
 # data splits
 
 
-def split_clients(labels: Sequence[int], num_clients: int, alpha: float | None, seed: int) -> list[list[int]]:
+def split_clients(labels: Sequence[int] | np.ndarray, num_clients: int, alpha: float | None,
+                  seed: int) -> list[list[int]]:
     """IID (alpha None) or Dirichlet(alpha) label-skewed split of sample indices over clients.
 
     Dirichlet split as in Hsu et al. 2019: for each class, proportions ~ Dir(alpha) over clients.
@@ -113,7 +114,7 @@ def batch_gradient(state: ClientState, ctx: RoundCtx, *, names: Sequence[str] | 
     """FedSGD: the gradient of the task loss on this round's batch of the client's data."""
     names = list(names or ctx.shared_names)
     data = state.data
-    n = len(data)
+    n = n_items(data)
     bs = min(ctx.fl.batch_size, n)
     nb = max(1, math.ceil(n / bs))
     epoch, b = divmod(ctx.round, nb)
@@ -137,14 +138,15 @@ def standard_message(state: ClientState, ctx: RoundCtx, *, names: Sequence[str] 
     names = list(names or ctx.shared_names)
     if ctx.fl.mode == "fedsgd":
         g = batch_gradient(state, ctx, names=names)
-        return Message(state.client, ctx.round, g, min(ctx.fl.batch_size, len(state.data)), kind="gradient")
+        return Message(state.client, ctx.round, g, min(ctx.fl.batch_size, n_items(state.data)), kind="gradient")
     local_train(state, ctx, names=names)
-    return Message(state.client, ctx.round, current(state.model, names), len(state.data), kind="weights")
+    return Message(state.client, ctx.round, current(state.model, names), n_items(state.data), kind="weights")
 
 
 def weighted_mean(msgs: Sequence[Message], name: str) -> Tensor:
     total = sum(m.num_samples for m in msgs if name in m.tensors)
-    return sum(m.tensors[name] * (m.num_samples / total) for m in msgs if name in m.tensors)
+    # sum() of tensors is a tensor (mypy types an empty sum's 0 in)
+    return cast(Tensor, sum(m.tensors[name] * (m.num_samples / total) for m in msgs if name in m.tensors))
 
 
 def fedavg_aggregate(global_state: dict[str, Tensor], msgs: Sequence[Message], ctx: RoundCtx) -> dict[str, Tensor]:
@@ -194,7 +196,8 @@ def float_buffers(model: nn.Module) -> dict[str, Tensor]:
     return {n: b.detach().clone() for n, b in model.named_buffers() if b.is_floating_point()}
 
 
-def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = True, desc: str = "") -> tuple[nn.Module, TrainResult]:
+def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = True,
+                  desc: str = "") -> tuple[nn.Module, TrainResult]:
     """Train ``task`` under ``defense``; returns the global model and the server's record.
 
     Central defenses (``setting == "central"``) run as one client holding ``task.central_data``
@@ -248,7 +251,8 @@ def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = Tru
         global_state = defense.aggregate(global_state, msgs, ctx)
         if global_buffers:
             total = sum(n for n, _ in client_buffers)
-            global_buffers = {b: sum(bufs[b] * (n / total) for n, bufs in client_buffers) for b in global_buffers}
+            global_buffers = {b: cast(Tensor, sum(bufs[b] * (n / total) for n, bufs in client_buffers))
+                              for b in global_buffers}
         for n, t in global_state.items():
             if not torch.isfinite(t).all():
                 raise FloatingPointError(f"round {r}: non-finite global parameter {n}")
@@ -261,7 +265,7 @@ def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = Tru
 
 def local_steps_per_round(fl: FLConfig, datasets: Sequence[Dataset]) -> int:
     """Local optimiser steps one FedAvg round takes for an average client."""
-    mean_n = sum(len(d) for d in datasets) / max(1, len(datasets))
+    mean_n = sum(n_items(d) for d in datasets) / max(1, len(datasets))
     steps = fl.local_epochs * max(1, math.ceil(mean_n / fl.batch_size))
     return min(steps, fl.max_local_steps) if fl.max_local_steps else steps
 

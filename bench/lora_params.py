@@ -90,7 +90,9 @@ def lora_pairs(names: Iterable[str]) -> list[LoraPair]:
 
 def split_names(names: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
     """(A names, B names, other names) of a parameter-name list, preserving order."""
-    a, b, other = [], [], []
+    a: list[str] = []
+    b: list[str] = []
+    other: list[str] = []
     for n in names:
         h = lora_half(n)
         (a if h == "A" else b if h == "B" else other).append(n)
@@ -120,7 +122,8 @@ def lora_product(b: Tensor, a: Tensor) -> Tensor:
     return bm @ am
 
 
-def stack_pairs(bs: Sequence[Tensor], as_: Sequence[Tensor], weights: Sequence[float] | None = None) -> tuple[Tensor, Tensor]:
+def stack_pairs(bs: Sequence[Tensor], as_: Sequence[Tensor],
+                weights: Sequence[float] | None = None) -> tuple[Tensor, Tensor]:
     """Stacking of LoRA pairs ([DP-FedLoRA] Eq. 3, 12-13): B = [w_1 B_1, ..., w_K B_K] (side by side),
     A = [A_1; ...; A_K] (one below the other), so that B @ A = sum_k w_k B_k A_k exactly.
     """

@@ -7,12 +7,10 @@ evaluation set itself, so it is optimistic: it is recorded as ``asr_oracle`` (an
 ASR, e.g. a threshold set on auxiliary data, is ``asr_aux``)."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
-import sklearn
-from sklearn.metrics import auc, roc_curve
-from skimage.metrics import mean_squared_error, peak_signal_noise_ratio, structural_similarity
+from numpy.typing import ArrayLike
 
 from .bootstrap import tpr_unreported
 
@@ -33,6 +31,8 @@ def unreported_tprs(labels: np.ndarray) -> dict[str, str]:
 
 def membership_point(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """Point metrics of one score; TPRs at FPRs the non-members cannot resolve are left out."""
+    from sklearn.metrics import auc, roc_curve  # lazy: sklearn is not needed to plan (start-up)
+
     fpr, tpr, _ = roc_curve(labels, scores, drop_intermediate=False)
     area = float(auc(fpr, tpr))  # = roc_auc_score (trapezoids over the full ROC), one pass
     out = {"auroc": area, "advantage": abs(area - 0.5) / 0.5,
@@ -44,9 +44,12 @@ def membership_point(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]
     return out
 
 
-def membership_metrics(scores: Sequence[float], labels: Sequence[int], *, n_boot: int = 200,
-                       seed: int = 0) -> tuple[dict[str, dict[str, float]], dict[str, list[float]]]:
+def membership_metrics(scores: ArrayLike, labels: ArrayLike, *, n_boot: int = 200,
+                       seed: int = 0) -> tuple[dict[str, dict[str, Any]], dict[str, list[float]]]:
     """Point estimates with 95% bootstrap intervals (resampling candidates), and the ROC curve."""
+    import sklearn
+    from sklearn.metrics import roc_curve
+
     s = np.asarray(scores, dtype=float)
     y = np.asarray(labels, dtype=int)
     if not np.isfinite(s).all():
@@ -63,7 +66,7 @@ def membership_metrics(scores: Sequence[float], labels: Sequence[int], *, n_boot
             for k, v in membership_point(s[idx], y[idx]).items():
                 if k in boots:  # a TPR gated out of the point estimate stays out of the replicates
                     boots[k].append(v)
-    metrics = {k: {"value": v, "ci_low": float(np.percentile(boots[k], 2.5)),
+    metrics: dict[str, dict[str, Any]] = {k: {"value": v, "ci_low": float(np.percentile(boots[k], 2.5)),
                    "ci_high": float(np.percentile(boots[k], 97.5))} for k, v in point.items()}
     for k, why in unreported_tprs(y).items():
         metrics[k] = {"value": None, "ci_low": None, "ci_high": None, "reason": why}
@@ -80,6 +83,8 @@ def to_unit(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> 
 
 def reconstruction_metrics(recon: np.ndarray, target: np.ndarray) -> dict[str, list[float]]:
     """Per-image SSIM, PSNR, MSE on [0,1] images of shape [N,C,H,W]."""
+    from skimage.metrics import mean_squared_error, peak_signal_noise_ratio, structural_similarity  # lazy
+
     out: dict[str, list[float]] = {"ssim": [], "psnr": [], "mse": []}
     for r, t in zip(recon, target):
         r2, t2 = np.moveaxis(r, 0, -1), np.moveaxis(t, 0, -1)

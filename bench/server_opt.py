@@ -29,7 +29,7 @@ records the bytes this costs (``extra_up_bytes`` / ``extra_down_bytes``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence, cast
 
 import torch
 from torch import Tensor
@@ -88,7 +88,7 @@ class FedProx(ServerAvg):
 
     @staticmethod
     def proximal_term(params: Mapping[str, Tensor], anchor: Mapping[str, Tensor], mu: float) -> Tensor:
-        return 0.5 * mu * sum(((params[n] - anchor[n]) ** 2).sum() for n in anchor)
+        return 0.5 * mu * cast(Tensor, sum(((params[n] - anchor[n]) ** 2).sum() for n in anchor))
 
 
 @dataclass

@@ -59,7 +59,8 @@ def _tensor_bytes(t: Tensor) -> memoryview:
         t = t.cpu()
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
-    return memoryview(np.ascontiguousarray(t.numpy())).cast("B")
+    # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12, so mypy at 3.10 misses the buffer protocol
+    return memoryview(np.ascontiguousarray(t.numpy())).cast("B")  # type: ignore[arg-type]
 
 
 def model_fingerprint(model: nn.Module) -> str:

@@ -388,6 +388,9 @@ def token_signals(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, alpha
 def _token_signals(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, alphas: Sequence[float],
                    mod_alphas: Sequence[float], batch_size: int, chunk_rows: int, parts: list[str],
                    desc: str) -> dict[str, PartSignals]:
+    if api.logits is None:
+        raise ValueError("per-token signals need the task's language-model head (api.logits)")
+    logits_of = api.logits
     rows: dict[str, dict[str, list[Tensor]]] = {p: {} for p in parts}
     has_tgt: dict[str, bool] = {}
     work = _Scratch()
@@ -395,7 +398,7 @@ def _token_signals(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, alph
         for chunk in _batches(items, batch_size, desc):
             batch = api.collate(list(chunk))
             for part in parts:
-                logits, targets, mask = api.logits(model, batch, part)
+                logits, targets, mask = logits_of(model, batch, part)
                 mask = mask.bool()
                 if has_tgt.setdefault(part, targets is not None) != (targets is not None):
                     raise ValueError(f"api.logits part {part!r} returned targets for some batches only")
@@ -549,7 +552,7 @@ def _per_sample_grad_norms(api: TaskAPI, model: nn.Module, items: Sequence[Any],
     with eval_mode(model):
         try:
             for m in fused:
-                m.fused_attn = False
+                m.fused_attn = False  # type: ignore[assignment]  # torch types Module attributes as Tensor | Module
             for p in frozen:
                 p.requires_grad_(True)
             for chunk_items in _batches(items, batch_size, desc):
@@ -569,7 +572,7 @@ def _per_sample_grad_norms(api: TaskAPI, model: nn.Module, items: Sequence[Any],
             for p in frozen:
                 p.requires_grad_(False)
             for m in fused:
-                m.fused_attn = True
+                m.fused_attn = True  # type: ignore[assignment]  # torch types Module attributes as Tensor | Module
     feats = torch.cat(out) if out else torch.zeros(0, len(names), dtype=torch.float64)
     return feats, names
 

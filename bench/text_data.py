@@ -55,7 +55,8 @@ class TextCorpus:
 def parse_strfile(path: str | os.PathLike) -> list[str]:
     """Entries of one strfile-format file: blocks separated by lines that hold only ``%``."""
     raw = Path(path).read_text(encoding="utf-8", errors="replace")
-    entries, cur = [], []
+    entries: list[str] = []
+    cur: list[str] = []
     for line in raw.splitlines():
         if line.rstrip() == "%":
             entries.append("\n".join(cur))
@@ -140,7 +141,7 @@ def load_fortunes(root: str | os.PathLike = str(FORTUNES_DIR), *, min_chars: int
 # Alpaca-GPT4 (paper preset)
 
 
-def load_alpaca_gpt4(revision: str = ALPACA_GPT4_REVISION, *, cache_dir: str | os.PathLike | None = None,
+def load_alpaca_gpt4(revision: str = ALPACA_GPT4_REVISION, *, cache_dir: str | Path | None = None,
                      max_samples: int | None = None) -> tuple[TextCorpus, str]:
     """Alpaca-GPT4 from the local Hugging Face cache (offline), formatted with the Alpaca template.
 
@@ -192,7 +193,7 @@ def _read_rows(snap: Path) -> list[dict[str, Any]]:
 # splits and tokenisation
 
 
-def stratified_split(labels: Sequence[int], fractions: Sequence[float], seed: int) -> list[list[int]]:
+def stratified_split(labels: Sequence[int] | np.ndarray, fractions: Sequence[float], seed: int) -> list[list[int]]:
     """Disjoint index sets of ``round(f * n)`` items each with the same category mix as the whole.
 
     Per split, category quotas are ``f * n_c`` rounded by the largest-remainder method (ties broken by
@@ -282,9 +283,10 @@ class CompactVocab:
         self.to_base = sorted(set(specials) | used)
         self.from_base = {b: i for i, b in enumerate(self.to_base)}
         self.name_or_path = f"{getattr(tokenizer, 'name_or_path', 'tokenizer')} (compact, {len(self.to_base)} ids)"
-        self._unk = self._map_special(tokenizer.unk_token_id)
-        if self._unk is None:  # no unknown token: fall back to EOS (never needed for the corpus itself)
-            self._unk = self._map_special(tokenizer.eos_token_id) or 0
+        unk = self._map_special(tokenizer.unk_token_id)
+        if unk is None:  # no unknown token: fall back to EOS (never needed for the corpus itself)
+            unk = self._map_special(tokenizer.eos_token_id) or 0
+        self._unk: int = unk
 
     def _map_special(self, t: int | None) -> int | None:
         return None if t is None else self.from_base[t]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence, Sized, cast
 
 import torch
 from torch import Tensor, nn
@@ -19,6 +19,7 @@ AttackKind = Literal["membership", "reconstruction"]
 Setting = Literal["federated", "central"]  # a defense's threat setting: federated views or a released model
 MessageKind = Literal["gradient", "weights"]  # FedSGD sends a gradient, FedAvg the weights after local training
 Family = Literal["image-cls", "llm-text", "vlm-caption", "ldm-t2i"]
+FLMode = Literal["fedavg", "fedsgd"]  # FedAvg sends weights after local epochs, FedSGD one gradient per round
 
 
 class NotApplicable(Exception):
@@ -85,7 +86,7 @@ class RoundCtx:
     round: int
     rounds: int
     fl: FLConfig
-    task: "TaskAPI"
+    task: TaskAPI
     generator: torch.Generator
     num_selected: int
     global_state: dict[str, Tensor] = field(default_factory=dict)
@@ -112,6 +113,12 @@ class ClientState:
     private: dict[str, Any]
 
 
+def n_items(ds: torch.utils.data.Dataset) -> int:
+    """``len(ds)`` of a map-style dataset: torch's ``Dataset`` type leaves ``__len__`` optional, and every
+    dataset the suite builds has one."""
+    return len(cast(Sized, ds))
+
+
 @dataclass(frozen=True)
 class LoraSpec:
     """LoRA adapters on the model's ``targets`` (rank ``r``, scale ``alpha / r``): what LoRA defenses need."""
@@ -124,7 +131,7 @@ class LoraSpec:
 @dataclass(frozen=True)
 class ImageSpec:
     """An image classifier's inputs ``[C, H, W]`` normalised by ``mean`` / ``std`` and its classes: what
-    gradient inversion needs ([IG], [APRIL]) and how reconstructions are scored in pixel space."""
+    gradient inversion needs ([InvGrad], [APRIL]) and how reconstructions are scored in pixel space."""
 
     input_shape: tuple[int, int, int]
     num_classes: int
@@ -246,7 +253,7 @@ class Public:
     Membership attacks with ``uses_aux``: the attacker's labelled auxiliary members / non-members.
     Reconstruction probes (``client_update``): the global state the intercepted client started from, its
     learning rate, local steps, batch size and the FL mode, so a weights message can be turned back into
-    an update direction ([IG]).
+    an update direction ([InvGrad]).
     """
 
     aux_members: Sequence[Any] = ()
@@ -255,7 +262,7 @@ class Public:
     lr: float | None = None
     local_steps: int | None = None
     num_samples: int | None = None
-    mode: Literal["fedavg", "fedsgd"] | None = None
+    mode: FLMode | None = None
 
 
 @dataclass(frozen=True)
@@ -406,7 +413,7 @@ class Attack(abc.ABC):
     def run(self, obs: Observation, candidates: Sequence[Any] | None) -> Scores | Reconstructions:
         """Membership: score every candidate. Reconstruction: rebuild the inputs behind obs.message."""
 
-    def run_batch(self, observations: Sequence[Observation]) -> list[Scores | Reconstructions]:
+    def run_batch(self, observations: Sequence[Observation]) -> Sequence[Scores | Reconstructions]:
         """Reconstruction: every observation's reconstruction, in order (override to share work across
         targets). Default: ``run`` on each."""
         return [self.run(o, None) for o in observations]

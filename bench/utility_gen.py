@@ -41,7 +41,7 @@ class EfficientNetLite0Features(nn.Module):
         self.net.eval().requires_grad_(False)
         self.size = size
 
-    def train(self, mode: bool = True) -> "EfficientNetLite0Features":
+    def train(self, mode: bool = True) -> EfficientNetLite0Features:
         return super().train(False)  # batch-norm statistics stay the pretrained ones
 
     @torch.no_grad()
@@ -115,7 +115,8 @@ def make_generation_utility(real_images: Tensor, texts: Tensor, *,
             out = {"heldout_denoise_loss": float(heldout_loss(model))}
             if "real" not in cache:
                 cache["real"] = encode_images(real_images, desc="features of held-out images")
-            fake = generate(model, texts, steps=steps, guidance=guidance, seed=seed, desc="generating held-out captions")
+            fake = generate(model, texts, steps=steps, guidance=guidance, seed=seed,
+                            desc="generating held-out captions")
             out.update(fid_kid(cache["real"], encode_images(fake, desc="features of generated images"),
                                kid_subset=kid_subset, seed=seed))
             out["n_generated"] = float(len(fake))

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from bench.fl import current, loader, trainable
-from bench.types import ClientState, Message, RoundCtx, TaskSpec
+from bench.types import ClientState, Message, RoundCtx, TaskSpec, n_items
 
 NEEDS_LDM = "needs a latent-diffusion LoRA task with auxiliary member / non-member sets (ldm-t2i)"
 
@@ -60,8 +60,8 @@ def lora_loop(state: ClientState, ctx: RoundCtx, objective: Objective, *,
                 ctx.log_value(k, v)
             step += 1
             if cap is not None and step >= cap:
-                return Message(state.client, ctx.round, current(model, names), len(state.data), kind="weights")
-    return Message(state.client, ctx.round, current(model, names), len(state.data), kind="weights")
+                return Message(state.client, ctx.round, current(model, names), n_items(state.data), kind="weights")
+    return Message(state.client, ctx.round, current(model, names), n_items(state.data), kind="weights")
 
 
 def take_single(global_state: dict[str, Tensor], msgs: Sequence[Message]) -> dict[str, Tensor]:

@@ -40,13 +40,20 @@ from torch import Tensor
 
 from bench.accounting import combined_noise_multiplier, composed_epsilon, gaussian_epsilon, gaussian_sigma
 from bench.fl import current, local_train
-from bench.lora_params import (factor_rank_r, factor_stacked_rank_r, lora_pairs, lora_product, requires_lora,
-                               split_names, stack_pairs)
+from bench.lora_params import (
+    factor_rank_r,
+    factor_stacked_rank_r,
+    lora_pairs,
+    lora_product,
+    requires_lora,
+    split_names,
+    stack_pairs,
+)
 from bench.params import param
 from bench.registry import register_defense
 from bench.run_state import run_of
 from bench.server_opt import ServerAvg, make_server_opt
-from bench.types import ClientState, Defense, DefenseRun, Message, NotApplicable, RoundCtx
+from bench.types import ClientState, Defense, DefenseRun, Message, NotApplicable, RoundCtx, n_items
 
 ServerOptName = Literal["fedavg", "fedprox", "scaffold", "fedavgm", "fedadagrad", "fedyogi", "fedadam"]
 
@@ -60,19 +67,22 @@ def clip_frobenius(t: Tensor, c: float) -> Tensor:
 @register_defense
 @dataclass
 class DPFedLoRA(Defense):
-    target_epsilon: float = param(25.0, ge=1e-3, le=1e4)  # per-matrix epsilon ([DP-FedLoRA] s.VII-B: 25 with clip 0.1 is the default)
+    # per-matrix epsilon ([DP-FedLoRA] s.VII-B: 25 with clip 0.1 is the default)
+    target_epsilon: float = param(25.0, ge=1e-3, le=1e4)
     delta: float = param(1e-5, gt=0.0, lt=1.0)  # the authors' code default
     clip_a: float = param(0.1, gt=0.0, le=1e6)  # C_A (Eq. 6)
     clip_b: float = param(0.1, gt=0.0, le=1e6)  # C_B (Eq. 6)
     aggregation: Literal["stack", "average"] = "stack"
     server_opt: ServerOptName = "fedavg"
-    server_lr: float | None = param(None, gt=0.0, le=1e3)  # None: 1.0 for fedavg/fedprox/scaffold/fedavgm, 1e-3 for the adaptive ones
+    # None: 1.0 for fedavg/fedprox/scaffold/fedavgm, 1e-3 for the adaptive ones
+    server_lr: float | None = param(None, gt=0.0, le=1e3)
     prox_mu: float = param(0.01, ge=0.0, le=1e3)
     server_momentum: float = param(0.9, ge=0.0, lt=1.0)
     beta1: float = param(0.9, ge=0.0, lt=1.0)
     beta2: float = param(0.99, ge=0.0, lt=1.0)
     tau: float = param(1e-3, gt=0.0, le=10.0)  # adaptivity of FedAdagrad/FedYogi/FedAdam
-    sensitivity_factor: float = param(1.0, gt=0.0, le=10.0)  # L2 sensitivity = factor * clip norm (1: the paper's S = C)
+    # L2 sensitivity = factor * clip norm (1: the paper's S = C)
+    sensitivity_factor: float = param(1.0, gt=0.0, le=10.0)
 
     grid = ({"target_epsilon": 25.0}, {"target_epsilon": 15.0}, {"target_epsilon": 5.0})
     paper = "[DP-FedLoRA] (Xu et al.), Eq. 6-14, Alg. 1"
@@ -169,7 +179,7 @@ class DPFedLoRA(Defense):
             sent[n] = t + sigma * torch.randn(t.shape, generator=g, dtype=t.dtype)  # Eq. 7-8
         ctx.log_value("dp_fedlora/clipped_fraction", clipped / len(names))
         meta = opt.after_local(state, ctx, names, {n: ctx.global_state[n] for n in names}, sent, steps)
-        return Message(state.client, ctx.round, sent, len(state.data), kind="weights", meta=meta)
+        return Message(state.client, ctx.round, sent, n_items(state.data), kind="weights", meta=meta)
 
     def aggregate(self, global_state: dict[str, Tensor], msgs: Sequence[Message], ctx: RoundCtx) -> dict[str, Tensor]:
         if not msgs:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,7 @@ from bench.fl import current, fedavg_aggregate, load_state, local_train
 from bench.lora_params import lora_pairs, requires_lora
 from bench.params import param
 from bench.registry import register_defense
-from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx
+from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx, n_items
 
 PRIVATE = "fedpara_private"
 
@@ -50,16 +50,23 @@ class PrivatePair(nn.Module):
             self.B.zero_()
 
 
+def _lora_weights(module: nn.Module, adapter: str) -> tuple[Tensor, Tensor]:
+    """(A, B) weights of a peft LoRA layer's ``adapter``; only ``nn.Linear`` pairs are wrapped (see ``setup``)."""
+    a = cast(nn.ModuleDict, module.lora_A)[adapter]
+    b = cast(nn.ModuleDict, module.lora_B)[adapter]
+    assert isinstance(a, nn.Linear) and isinstance(b, nn.Linear)
+    return a.weight, b.weight
+
+
 def _hadamard_hook(module: nn.Module, args, kwargs, output):
     """Add x (G (.) P)^T: peft already added x G^T, so the layer computes W0 + G (.) (P + 1)."""
     pair: PrivatePair = getattr(module, PRIVATE)
     ad = pair.adapter
-    if module.disable_adapters or module.merged or ad not in module.active_adapters:
+    if module.disable_adapters or module.merged or ad not in cast(list, module.active_adapters):
         return output
     x = args[0] if args else kwargs["x"]
-    a_g = module.lora_A[ad].weight
-    b_g = module.lora_B[ad].weight
-    g = (b_g @ a_g) * module.scaling[ad]
+    a_g, b_g = _lora_weights(module, ad)
+    g = (b_g @ a_g) * cast(dict, module.scaling)[ad]
     extra = F.linear(x.to(g.dtype), g * (pair.B @ pair.A))
     return output + extra.to(output.dtype)
 
@@ -67,7 +74,8 @@ def _hadamard_hook(module: nn.Module, args, kwargs, output):
 @register_defense
 @dataclass
 class FedPara(Defense):
-    private_rank: int = param(0, ge=0, le=4096)  # rank of the private pair; 0 = the global LoRA rank ("an additional pair", App. A.3)
+    # rank of the private pair; 0 = the global LoRA rank ("an additional pair", App. A.3)
+    private_rank: int = param(0, ge=0, le=4096)
 
     grid = ({},)
     paper = "[FedRand] (Park et al. 2025), s.4.1 baselines and App. A.3; Hyeon-Woo et al. 2022 (pFedPara)"
@@ -85,10 +93,9 @@ class FedPara(Defense):
         added = 0
         for pair in pairs:
             mod = model.get_submodule(pair.module)
-            if hasattr(mod, PRIVATE) or not isinstance(mod.lora_A[pair.adapter], nn.Linear):
+            if hasattr(mod, PRIVATE) or not isinstance(cast(nn.ModuleDict, mod.lora_A)[pair.adapter], nn.Linear):
                 continue  # already wrapped, or an embedding / conv LoRA layer (not supported)
-            a_g = mod.lora_A[pair.adapter].weight
-            b_g = mod.lora_B[pair.adapter].weight
+            a_g, b_g = _lora_weights(mod, pair.adapter)
             rank = self.private_rank or a_g.shape[0]
             setattr(mod, PRIVATE, PrivatePair(b_g.shape[0], a_g.shape[1], rank, pair.adapter).to(a_g.device))
             mod.register_forward_hook(_hadamard_hook, with_kwargs=True)
@@ -125,7 +132,7 @@ class FedPara(Defense):
             for n in priv:
                 params[n].requires_grad_(False)
         state.private["pair"] = current(model, priv)
-        return Message(state.client, ctx.round, current(model, ctx.shared_names), len(state.data), kind="weights")
+        return Message(state.client, ctx.round, current(model, ctx.shared_names), n_items(state.data), kind="weights")
 
     def aggregate(self, global_state: dict[str, Tensor], msgs: Sequence[Message], ctx: RoundCtx) -> dict[str, Tensor]:
         return fedavg_aggregate(global_state, msgs, ctx)

@@ -20,7 +20,7 @@ from bench.fl import current, fedavg_aggregate, load_state, local_train
 from bench.lora_params import is_lora, layer_index, num_layers, requires_lora
 from bench.params import param
 from bench.registry import register_defense
-from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx
+from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx, n_items
 
 
 @register_defense
@@ -54,7 +54,8 @@ class FedPer(Defense):
         depth = num_layers(names, depth)
         if self.shared_layers > depth:
             raise NotApplicable(f"FedPer shares the top {self.shared_layers} layers but the model has {depth}")
-        shared, private = [], []
+        shared: list[str] = []
+        private: list[str] = []
         for n in names:
             li = layer_index(n) if is_lora(n) else None
             (private if li is not None and li < depth - self.shared_layers else shared).append(n)
@@ -73,7 +74,7 @@ class FedPer(Defense):
         else:
             state.private["layers"] = current(state.model, private)
             sent = shared
-        return Message(state.client, ctx.round, current(state.model, sent), len(state.data), kind="weights",
+        return Message(state.client, ctx.round, current(state.model, sent), n_items(state.data), kind="weights",
                        meta={"warmup": warm})
 
     def aggregate(self, global_state: dict[str, Tensor], msgs: Sequence[Message], ctx: RoundCtx) -> dict[str, Tensor]:

@@ -17,7 +17,7 @@ server's full LoRA and still sends only A or B ("w/o past parameters").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, cast
 
 import torch
 from torch import Tensor
@@ -26,7 +26,7 @@ from bench.fl import current, load_state, local_train
 from bench.lora_params import requires_lora, split_names
 from bench.params import param
 from bench.registry import register_defense
-from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx
+from bench.types import ClientState, Defense, Message, NotApplicable, RoundCtx, n_items
 
 
 @register_defense
@@ -66,14 +66,15 @@ class FedRand(Defense):
         if self.past_params:
             state.private["cache"] = current(state.model, a_names + b_names)  # Alg. 2 l.22
         tensors = current(state.model, list(sent) + other)
-        return Message(state.client, ctx.round, tensors, len(state.data), kind="weights",
+        return Message(state.client, ctx.round, tensors, n_items(state.data), kind="weights",
                        meta={"sent": "A" if send_a else "B"})
 
     def aggregate(self, global_state: dict[str, Tensor], msgs: Sequence[Message], ctx: RoundCtx) -> dict[str, Tensor]:
         return fedrand_aggregate(global_state, msgs, normalize=self.normalize)
 
 
-def fedrand_aggregate(global_state: dict[str, Tensor], msgs: Sequence[Message], *, normalize: bool = True) -> dict[str, Tensor]:
+def fedrand_aggregate(global_state: dict[str, Tensor], msgs: Sequence[Message], *,
+                      normalize: bool = True) -> dict[str, Tensor]:
     """Eq. 8-10 applied per parameter: with m_r = sum of n_k over all of the round's clients and
     alpha_p = sum of n_k / m_r over the clients that sent parameter p,
     p <- sum_{k sent p} n_k / (alpha_p m_r) p_k   (normalize)   or   sum_{k sent p} n_k / m_r p_k,
@@ -93,6 +94,6 @@ def fedrand_aggregate(global_state: dict[str, Tensor], msgs: Sequence[Message], 
             continue  # alpha = 0 (or beta = 0): keep A_r (B_r)
         coef = sum(m.num_samples for m in senders) / m_r  # alpha or beta
         denom = coef * m_r if (normalize or name not in lora) else m_r
-        agg = sum(m.tensors[name].to(torch.float64) * (m.num_samples / denom) for m in senders)
+        agg = cast(Tensor, sum(m.tensors[name].to(torch.float64) * (m.num_samples / denom) for m in senders))
         new[name] = agg.to(old.dtype)
     return new

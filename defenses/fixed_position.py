@@ -25,6 +25,8 @@ class FixedPosition(FedAvg):
         return None
 
     def client_step(self, state: ClientState, ctx: RoundCtx) -> Message:
-        pos = ctx.task.vit.pos_embed_param
+        vit = ctx.task.vit
+        assert vit is not None  # applies() checked it
+        pos = vit.pos_embed_param
         names = [n for n in ctx.shared_names if n != pos]
         return standard_message(state, ctx, names=names)

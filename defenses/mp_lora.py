@@ -61,7 +61,8 @@ class ProxyAttack(nn.Module):
 
 def mi_gain(logits_members: Tensor, logits_nonmembers: Tensor) -> Tensor:
     """Eq. 5: 1/(2|S^m|) sum log h(x) + 1/(2|S^nm|) sum log(1 - h(x)), h = softmax(logits)[:, 1]."""
-    return 0.5 * F.log_softmax(logits_members, -1)[:, 1].mean() + 0.5 * F.log_softmax(logits_nonmembers, -1)[:, 0].mean()
+    return (0.5 * F.log_softmax(logits_members, -1)[:, 1].mean()
+            + 0.5 * F.log_softmax(logits_nonmembers, -1)[:, 0].mean())
 
 
 def member_gain(logits_members: Tensor) -> Tensor:
@@ -151,8 +152,10 @@ class ProxyMinMax(Defense):
             """Alg. 1 lines 4-6: ascend the proxy on G* over a balanced aux batch (LDM fixed)."""
             gains = []
             for _ in range(self.proxy_steps):
-                xm = signals(state.model, [aux_m[i] for i in rng.choice(len(aux_m), min(half, len(aux_m)), replace=False)])
-                xn = signals(state.model, [aux_nm[i] for i in rng.choice(len(aux_nm), min(half, len(aux_nm)), replace=False)])
+                pick_m = rng.choice(len(aux_m), min(half, len(aux_m)), replace=False)
+                xm = signals(state.model, [aux_m[i] for i in pick_m])
+                pick_nm = rng.choice(len(aux_nm), min(half, len(aux_nm)), replace=False)
+                xn = signals(state.model, [aux_nm[i] for i in pick_nm])
                 if "h" not in proxy:
                     make_proxy(xm.shape[1])
                 h, opt = proxy["h"], proxy["opt"]
@@ -181,7 +184,8 @@ class ProxyMinMax(Defense):
                 for p in h.parameters():
                     p.requires_grad_(True)
             total, logs = self.objective(loss_ada, gain)
-            logs.update({"loss_ada": float(loss_ada.detach()), "mi_gain_train": float(gain.detach()), "objective": float(total.detach())})
+            logs.update({"loss_ada": float(loss_ada.detach()), "mi_gain_train": float(gain.detach()),
+                         "objective": float(total.detach())})
             return total, logs
 
         return lora_loop(state, ctx, outer_objective, before_step=inner_max)

@@ -26,18 +26,19 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
-import timm
 import torch
 import torch.nn.functional as F
-from timm.models.resnet import BasicBlock, ResNet
-from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
 from bench.assets import AssetMissing, cache_dir, hub_missing
 from bench.params import check_config, param
 from bench.progress import progress
+
+if TYPE_CHECKING:  # timm is imported where a model is built, so importing this module stays light
+    from timm.models.resnet import ResNet
+    from timm.models.vision_transformer import VisionTransformer
 
 # (hub id, revision). The revision is the branch "main": no commit hash of these repositories could be
 # verified offline; the commit actually loaded is resolved from the cache snapshot and recorded
@@ -127,6 +128,8 @@ def paper_weights(arch: str) -> dict:
 
 
 def _pretrained(arch: str, *, num_classes: int, seed: int, **kwargs) -> nn.Module:
+    import timm
+
     w = paper_weights(arch)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # the new 10-class head is the only randomly initialised part
@@ -142,9 +145,11 @@ def vit(size: ViTSize, *, num_classes: int, img_size: int, seed: int, pretrained
     ``pretrained``: the ImageNet ViT-S/16 weights (``size`` must be :data:`VIT_S16`, 224 px)."""
     if pretrained:
         _check_pretrained("vit", size, VIT_S16, img_size)
-        return _pretrained("vit", num_classes=num_classes, seed=seed)
+        return cast("VisionTransformer", _pretrained("vit", num_classes=num_classes, seed=seed))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        from timm.models.vision_transformer import VisionTransformer
+
         return VisionTransformer(img_size=img_size, patch_size=size.patch, embed_dim=size.width, depth=size.depth,
                                  num_heads=size.heads, mlp_ratio=size.mlp_ratio, num_classes=num_classes)
 
@@ -154,12 +159,17 @@ def resnet34(size: ResNetSize, *, num_classes: int, img_size: int, seed: int, pr
     ``pretrained``: the ImageNet ResNet34 weights (``size`` must be :data:`RESNET34`, 224 px)."""
     if pretrained:
         _check_pretrained("resnet34", size, RESNET34, img_size)
-        return _pretrained("resnet34", num_classes=num_classes, seed=seed)
+        return cast("ResNet", _pretrained("resnet34", num_classes=num_classes, seed=seed))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = ResNet(block=BasicBlock, layers=size.layers, channels=size.channels, num_classes=num_classes)
+        from timm.models.resnet import BasicBlock, ResNet
+
+        # timm annotates ``block`` as an instance type (BasicBlock | Bottleneck) but takes the class
+        model = ResNet(block=BasicBlock,  # type: ignore[arg-type]
+                       layers=size.layers, channels=size.channels, num_classes=num_classes)
     if not size.stem_pool:
-        model.maxpool = nn.Identity()  # small inputs: keep layer4 at >= 2x2 (module doc)
+        # small inputs: keep layer4 at >= 2x2 (module doc); timm types maxpool by its first value (Sequential)
+        model.maxpool = nn.Identity()  # type: ignore[assignment]
     return model
 
 
@@ -216,6 +226,8 @@ def load_or_pretrain(build: Callable[[], nn.Module], cfg: PretrainConfig, spec: 
     (``base.json`` + ``base-<sha12>.safetensors`` via :mod:`bench.cachefile`: no pickle, checksummed), or
     pre-train ``build()`` on ``make_data()`` now (once per machine: a file lock serialises concurrent runs;
     a damaged entry is quarantined and rebuilt). Returns (state, key)."""
+    import timm
+
     from bench import cachefile
     from bench.store import stable_hash
 

@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -240,6 +239,12 @@ class LatentDiffusion(nn.Module):
     (Stable Diffusion's 0.18215, measured on the pre-training data here). Latents of the frozen VAE are
     memoised per item (keyed by the item hash) because adaptation re-encodes the same images every epoch."""
 
+    # diffusers' AutoencoderKL / UNet2DConditionModel: their calls are typed as returning an output class or a
+    # tuple (return_dict), while this module always reads the output class's attributes
+    vae: Any
+    unet: Any
+    alphas_cumprod: Tensor  # a buffer
+
     def __init__(self, vae: nn.Module, unet: nn.Module, scheduler, scaling: float):
         super().__init__()
         self.vae, self.unet, self.scheduler = vae, unet, scheduler
@@ -253,8 +258,7 @@ class LatentDiffusion(nn.Module):
 
     def encode(self, images: Tensor, keys: Sequence[int] | None = None) -> Tensor:
         """Images in [-1, 1] -> scaled latent means (no gradient: the VAE is frozen)."""
-        cache = keys is not None and not any(p.requires_grad for p in self.vae.parameters())
-        if cache:
+        if keys is not None and not any(p.requires_grad for p in self.vae.parameters()):
             missing = [i for i, k in enumerate(keys) if k not in self._latents]
             if missing:
                 with torch.no_grad():
@@ -286,8 +290,9 @@ def add_lora(model: LatentDiffusion, *, r: int, alpha: float, targets: Sequence[
     model.requires_grad_(False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model.unet.add_adapter(LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0,
-                                          init_lora_weights=True))
+        # peft annotates lora_alpha as int, but uses it as a float (scaling = lora_alpha / r)
+        model.unet.add_adapter(LoraConfig(r=r, lora_alpha=alpha,  # type: ignore[arg-type]
+                                          target_modules=list(targets), lora_dropout=0.0, init_lora_weights=True))
     for n, p in model.named_parameters():
         p.requires_grad_("lora_" in n)
     return model
@@ -437,7 +442,8 @@ def _cosine(step: int, total: int, warmup: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
-def pretrain(cfg: LDMConfig, images: Tensor, texts: Tensor, text_index: Tensor, *, desc: str = "pre-train") -> PretrainResult:
+def pretrain(cfg: LDMConfig, images: Tensor, texts: Tensor, text_index: Tensor, *,
+             desc: str = "pre-train") -> PretrainResult:
     """From scratch: (1) the VAE on reconstruction + KL (Kingma & Welling 2014; LDM's KL-reg. autoencoder
     without its perceptual / GAN terms), (2) the latent scale 1/std, (3) the UNet on the eps-prediction
     loss with ``cond_dropout`` null captions. ``images`` [N,3,H,W] in [0,1]; ``texts`` [U,L,D] unique
@@ -516,10 +522,10 @@ def load_or_pretrain(cfg: LDMConfig, data_spec: dict[str, Any],
                      make_data: Callable[[], tuple[Tensor, Tensor, Tensor]]) -> tuple[PretrainResult, Path]:
     """The cached pre-trained base for (config, data) or pre-train it now (once per machine: a file lock
     serialises concurrent runs; the result is written atomically). Returns (result, cache file)."""
+    import diffusers
+
     from bench import cachefile
     from bench.store import stable_hash
-
-    import diffusers
 
     key = stable_hash({"arch": cfg.arch(), "data": data_spec, "diffusers": diffusers.__version__})
     d = cache_dir("ldm", key)
@@ -563,7 +569,7 @@ def load_sd15(hub_id: str = SD15_ID, revision: str = SD15_REVISION):
     from models.llm import resolve_local
 
     path = resolve_local(hub_id, revision)
-    kw = {"local_files_only": True}
+    kw: dict[str, Any] = {"local_files_only": True}
     vae = AutoencoderKL.from_pretrained(path, subfolder="vae", **kw)
     unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", **kw)
     sched = DDPMScheduler.from_pretrained(path, subfolder="scheduler", **kw)

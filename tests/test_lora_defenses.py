@@ -14,11 +14,28 @@ os.environ.setdefault("BENCH_QUIET", "1")
 
 from bench.accounting import composed_epsilon  # noqa: E402
 from bench.fl import current, load_state, run_federated  # noqa: E402
-from bench.lora_params import (factor_rank_r, factor_stacked_rank_r, layer_index, lora_pairs,  # noqa: E402
-                               lora_product, requires_lora, split_names, stack_pairs)
-from bench.server_opt import (SERVER_OPTIMIZERS, FedAdagrad, FedAdam, FedProx, FedYogi, Scaffold,  # noqa: E402
-                              ServerAvg, ServerAvgM, make_server_opt)
+from bench.lora_params import (  # noqa: E402
+    factor_rank_r,
+    factor_stacked_rank_r,
+    layer_index,
+    lora_pairs,
+    lora_product,
+    requires_lora,
+    split_names,
+    stack_pairs,
+)
 from bench.run_state import new_run  # noqa: E402
+from bench.server_opt import (  # noqa: E402
+    SERVER_OPTIMIZERS,
+    FedAdagrad,
+    FedAdam,
+    FedProx,
+    FedYogi,
+    Scaffold,
+    ServerAvg,
+    ServerAvgM,
+    make_server_opt,
+)
 from bench.task import Task  # noqa: E402
 from bench.types import ClientState, FLConfig, LoraSpec, Message, RoundCtx, TaskAPI, TaskSpec  # noqa: E402
 from defenses.dp_fedlora import DPFedLoRA, clip_frobenius  # noqa: E402
@@ -117,7 +134,8 @@ def test_lora_names_pairs_and_layers(api):
 
 
 def test_requires_lora_reason():
-    assert requires_lora(TaskSpec(name="t", family="llm-text", lora=LoraSpec(r=4, alpha=8.0, targets=("q_proj",)))) is None
+    lora = LoraSpec(r=4, alpha=8.0, targets=("q_proj",))
+    assert requires_lora(TaskSpec(name="t", family="llm-text", lora=lora)) is None
     assert requires_lora(TaskSpec(name="t", family="image-cls")) == "needs LoRA adapters (a LoRA scenario)"
     for d in (FedRand(), FedPer(), FedPara(), DPFedLoRA()):
         assert d.applies(make_api(lora=False)) == "needs LoRA adapters (a LoRA scenario)"
@@ -492,7 +510,8 @@ def test_dp_fedlora_end_to_end_each_server_optimizer(api, opt):
     task = make_task(api, clients_per_round=2, rounds=2)
     _, res = assert_finite_run(task, DPFedLoRA(server_opt=opt))
     full = sum(t.numel() * t.element_size() for t in res.global_state.values())
-    assert all(r["bytes"] == full + int(r["meta"].get("extra_up_bytes", 0)) for r in res.transcript)  # A and B (+ SCAFFOLD control variate)
+    # A and B (+ SCAFFOLD control variate)
+    assert all(r["bytes"] == full + int(r["meta"].get("extra_up_bytes", 0)) for r in res.transcript)
 
 
 def test_dp_fedlora_average_end_to_end(api):

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bench.errors import UsageError
 from bench.registry import DEFENSES, build
 from bench.types import LoraSpec, TaskAPI
 from defenses._lora_common import grad_norm, requires_ldm
@@ -137,7 +138,7 @@ def test_defenses_are_registered_central_with_paper_defaults():
         assert DEFENSES.get(name).setting == "central"
     mp, smp = build(DEFENSES.get("mp_lora"), {}, "defense"), build(DEFENSES.get("smp_lora"), {}, "defense")
     assert mp.lam == 0.05 and smp.lam == 0.05 and smp.delta == 1e-5
-    with pytest.raises(Exception):
+    with pytest.raises(UsageError, match="delta"):
         build(DEFENSES.get("smp_lora"), {"delta": "0"}, "defense")
 
 

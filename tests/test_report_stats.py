@@ -14,7 +14,6 @@ from bench.report.results import Results
 from bench.report.tables import scenario_table
 from tests.test_leaderboard import rec, write
 
-
 # ----------------------------------------------------------------------------------------------
 # TPR at FPR f only with >= 10 / f non-members
 
@@ -147,7 +146,8 @@ def test_markdown_escapes_record_strings_and_shows_epsilon_without_amplification
     priv = {"epsilon": 1.0, "epsilon_composed": 3.0, "epsilon_composed_no_amplification": 9.0, "delta": 1e-5,
             "note": "<b>note</b>"}
     write(tmp_path / "run", [rec(defense="fedavg"), rec(defense="dp", label="dp(eps=1)", privacy=priv),
-                             rec(defense="x", label="<script>alert(1)</script>", status="failed", reason="<img src=x>")])
+                             rec(defense="x", label="<script>alert(1)</script>", status="failed",
+                                 reason="<img src=x>")])
 
     write_leaderboards(tmp_path / "run", tmp_path / "lb")
 

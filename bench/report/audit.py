@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..audit import audit_delta, epsilon_lower_bound
+from ..audit import EpsilonBound, audit_delta, epsilon_lower_bound
 
 CONFIDENCE = 0.95
 
@@ -27,12 +27,13 @@ def _float(v: Any) -> float | None:
 
 def claimed_epsilon(recs: Sequence[dict]) -> float | None:
     """The row's claimed epsilon: composed without amplification if recorded, else composed (max over seeds)."""
-    vals = []
+    vals: list[float] = []
     for r in recs:
         p = r.get("privacy") or {}
         v = _float(p.get("epsilon_composed_no_amplification"))
-        vals.append(v if v is not None else _float(p.get("epsilon_composed")))
-    vals = [v for v in vals if v is not None]
+        v = v if v is not None else _float(p.get("epsilon_composed"))
+        if v is not None:
+            vals.append(v)
     return max(vals) if vals else None
 
 
@@ -44,13 +45,15 @@ def row_audit(recs: Sequence[dict]) -> dict[str, Any] | None:
     if not cells:
         return None
     k = len(cells)
-    best, where = None, None
+    best: EpsilonBound | None = None
+    where: str | None = None
     for r in sorted(cells, key=lambda r: (r["attack_label"], r["view"], r["seed"])):
         pc = r["per_candidate"]
         b = epsilon_lower_bound(pc["score"], pc["member"], delta=audit_delta((r.get("privacy") or {}).get("delta")),
                                 confidence=CONFIDENCE, tests=k)
         if best is None or b.value > best.value:
             best, where = b, f"{r['attack_label']}/{r['view']} seed {r['seed']}"
+    assert best is not None  # cells is not empty
     if best.value <= 0:
         where = "-"  # no cell shows any leakage at this confidence
     claimed = claimed_epsilon(recs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import matplotlib
 
@@ -19,7 +19,8 @@ from ..figures import save_figure  # noqa: E402
 FPR_GRID = np.logspace(-3, 0, 200)
 
 
-def save_roc(curves: dict[str, tuple[Sequence[float], Sequence[float]]], path: Path, *, title: str = "") -> str:
+def save_roc(curves: Mapping[str, tuple[Sequence[float] | np.ndarray, Sequence[float] | np.ndarray]], path: Path, *,
+             title: str = "") -> str:
     """Log-scale ROC curves (Carlini et al. 2022 style), one line per label."""
     fig, ax = plt.subplots(figsize=(4.6, 4.2))
     fig.subplots_adjust(left=0.15, right=0.97, bottom=0.12, top=0.91)
@@ -79,7 +80,7 @@ def save_tradeoff(panels: list[dict], path: Path, *, title: str = "") -> str:
     return save_figure(fig, path)
 
 
-def save_distributions(data: dict[str, Sequence[float]], path: Path, *, xlabel: str, title: str = "",
+def save_distributions(data: Mapping[str, Sequence[float]], path: Path, *, xlabel: str, title: str = "",
                        ref: float | None = None) -> str:
     """Per-defense distributions (box + points), e.g. per-image SSIM as [FLRSP] Fig. 12."""
     labels = list(data)
@@ -120,7 +121,7 @@ def save_bars(values: dict[str, tuple[float, float]], path: Path, *, xlabel: str
     return save_figure(fig, path)
 
 
-def save_curves(series: dict[str, tuple[Sequence[float], Sequence[float]]], path: Path, *, xlabel: str,
+def save_curves(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], path: Path, *, xlabel: str,
                 ylabel: str, title: str = "", logy: bool = False) -> str:
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
     fig.subplots_adjust(left=0.14, right=0.97, bottom=0.13, top=0.91)

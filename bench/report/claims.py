@@ -14,11 +14,25 @@ claim whose composed epsilon exceeds ``MEANINGFUL_EPSILON`` only ``holds only no
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
-from .clauses import (CONTRA, DEFAULT_AUROC_EFFECT, DEFAULT_SSIM_EFFECT, FEDRAND_EFFECT, HOLDS, INCONC, LOWER,
-                      MEANINGFUL_EPSILON, NEAR_CHANCE, NOT_MEASURED, SMP_LORA_EFFECT, _cells, leakage_comparisons,
-                      main_utility, utility_name)
+from .clauses import (
+    CONTRA,
+    DEFAULT_AUROC_EFFECT,
+    DEFAULT_SSIM_EFFECT,
+    FEDRAND_EFFECT,
+    HOLDS,
+    INCONC,
+    LOWER,
+    MEANINGFUL_EPSILON,
+    NEAR_CHANCE,
+    NOT_MEASURED,
+    SMP_LORA_EFFECT,
+    _cells,
+    leakage_comparisons,
+    main_utility,
+    utility_name,
+)
 from .results import Results
 from .stats import differs
 
@@ -192,7 +206,8 @@ def dp_fedlora_claim(res: Results, scenario: str, preset: str) -> list[dict]:
     no_amp = _epsilon(recs, "epsilon_composed_no_amplification")
     judged = no_amp if no_amp is not None else comp
     if eps is None or judged is None:
-        out = [{"verdict": CONTRA, "tasks": tasks, "text": "dp_fedlora records no (composed) epsilon"}]
+        out: list[dict[str, Any]] = [{"verdict": CONTRA, "tasks": tasks,
+                                      "text": "dp_fedlora records no (composed) epsilon"}]
     else:
         meaningful = judged <= MEANINGFUL_EPSILON
         txt = (f"dp_fedlora epsilon per release {eps:.3g}, composed over all rounds {comp:.3g}"

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 
 from .paired import difference, mde
-from .ranking import CHANCE_MARGIN, PERPLEXITY_FACTOR as PERPLEXITY_COLLAPSE
+from .ranking import CHANCE_MARGIN
+from .ranking import PERPLEXITY_FACTOR as PERPLEXITY_COLLAPSE
 from .results import Results
 from .stats import Estimate
 

@@ -94,7 +94,8 @@ def _claims_html(claims: list[dict], table_id: str) -> str:
     if not claims:
         return ""
     out = [f'<div class="wrap"><table id="{esc(table_id)}" class="sortable"><thead><tr>'
-           "<th>paper</th><th>preset</th><th>claim</th><th>verdict</th><th>claimed effect</th><th>MDE</th><th>evidence</th>"
+           "<th>paper</th><th>preset</th><th>claim</th><th>verdict</th>"
+           "<th>claimed effect</th><th>MDE</th><th>evidence</th>"
            "</tr></thead><tbody>"]
     for c in claims:
         v = c["verdict"].replace(" ", "-")
@@ -113,7 +114,8 @@ def page(sections: list[dict], claims: list[dict]) -> str:
     for s in sections:
         sc, table, meta = s["scenario"], s["table"], s["meta"]
         presets = ", ".join(sorted(set(table.preset))) if len(table) else ""
-        body.append(f'<section id="{esc(sc)}" class="scenario"><h2>{esc(sc)} <small>(preset: {esc(presets)})</small></h2>')
+        body.append(f'<section id="{esc(sc)}" class="scenario">'
+                    f'<h2>{esc(sc)} <small>(preset: {esc(presets)})</small></h2>')
         banners = audit_banner(table) + (control_banner(s["res"], table) if "res" in s else [])
         for line in banners:
             if line:

@@ -14,8 +14,8 @@ from .ranking import COLLAPSE
 from .results import UTILITY_ORDER, VIEW_SHORT, Results
 from .stats import Estimate
 
-METRIC_NAMES = {"auroc": "AUROC", "tpr@0.05fpr": "TPR@5%FPR", "tpr@0.01fpr": "TPR@1%FPR", "tpr@0.001fpr": "TPR@0.1%FPR", "ssim": "SSIM",
-                "psnr": "PSNR"}
+METRIC_NAMES = {"auroc": "AUROC", "tpr@0.05fpr": "TPR@5%FPR", "tpr@0.01fpr": "TPR@1%FPR", "tpr@0.001fpr": "TPR@0.1%FPR",
+                "ssim": "SSIM", "psnr": "PSNR"}
 MARKS = {"less leakage": " \u25bc", "more leakage": " \u25b2"}
 
 
@@ -72,7 +72,7 @@ def display(table: pd.DataFrame, meta: list[dict], *, which: str = "all") -> tup
     """Header and cells of the readable table: ``which`` = all | primary | secondary attack metrics."""
     if table.empty:
         return [], []
-    presets = table.preset.nunique() > 1
+    presets = table.preset.nunique() > 1  # noqa: PD101 -- counts distinct presets (NaN-free column), a small table
     util = [c for c in table.columns if c.startswith("utility.") and not c.endswith((".ci_low", ".ci_high"))]
     util.sort(key=lambda c: (UTILITY_ORDER.index(c[8:]) if c[8:] in UTILITY_ORDER else len(UTILITY_ORDER), c))
     cols = [m for m in meta if (which == "all" or m["primary"] == (which == "primary")) and reportable(table, m)]
@@ -97,7 +97,7 @@ def display(table: pd.DataFrame, meta: list[dict], *, which: str = "all") -> tup
         for c in util:
             v = _num(r.get(c))
             lo, hi = _num(r.get(f"{c}.ci_low")), _num(r.get(f"{c}.ci_high"))
-            txt = "" if v is None else (Estimate(v, lo, hi).fmt() if lo is not None else f"{v:.4g}")
+            txt = "" if v is None else (Estimate(v, lo, hi).fmt() if lo is not None and hi is not None else f"{v:.4g}")
             cells.append(Shown(txt, v))
         if which != "secondary":
             for c in eps:
@@ -115,7 +115,8 @@ def display(table: pd.DataFrame, meta: list[dict], *, which: str = "all") -> tup
                 d = _num(r.get(f"{c}.vs_base"))
                 lo, hi = _num(r.get(f"{c}.vs_base.ci_low")), _num(r.get(f"{c}.vs_base.ci_high"))
                 how = r.get(f"{c}.vs_base.method")
-                txt = "" if d is None else f"{d:+.3f}" + ("" if lo is None or hi is None else f" [{lo:+.2f}, {hi:+.2f}]") \
+                txt = "" if d is None else f"{d:+.3f}" \
+                    + ("" if lo is None or hi is None else f" [{lo:+.2f}, {hi:+.2f}]") \
                     + (" (unpaired)" if isinstance(how, str) and how.startswith("unpaired") else "")
                 cells.append(Shown(txt, d))
             v = _num(r.get(c))
@@ -232,7 +233,8 @@ def scenario_markdown(res: Results, scenario: str, table: pd.DataFrame, meta: li
         for c in short.columns[3:]:
             short[c] = [v if len(v) <= 90 else v[:87] + "..." for v in short[c].fillna("")]
         parts += ["## Cross-matrix: defenses x attacks", "",
-                  _frame_md(short.drop(columns=["preset"] if short.preset.nunique() == 1 else [])), ""]
+                  _frame_md(short.drop(columns=["preset"] if short.preset.nunique() == 1 else [])),  # noqa: PD101
+                  ""]
     shift = shift_check(table, meta)
     if shift:
         parts += ["## Distribution-shift check (attacks on the un-fine-tuned base model)", ""] + shift + [""]

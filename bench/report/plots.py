@@ -101,7 +101,8 @@ def _tradeoff(res, sub, dest: Path, rel: Path, tag: str, task: str, preset: str,
             metric = col.rsplit(":", 1)[1]
             panels.append({"points": pts, "title": col.rsplit(":", 1)[0], "ref": 0.5 if metric == "auroc" else None,
                            "xlabel": f"{uk} ({'lower' if lower_is_better(uk) else 'higher'} is better)",
-                           "ylabel": f"{metric.upper()} (closer to {'0.5' if metric == 'auroc' else '0'}: less leakage)"})
+                           "ylabel": f"{metric.upper()} "
+                                     f"(closer to {'0.5' if metric == 'auroc' else '0'}: less leakage)"})
     if not panels:
         return []
     p = rel / f"tradeoff_{tag}.png"

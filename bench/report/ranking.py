@@ -60,7 +60,8 @@ def collapse_reason(row: pd.Series, ref: pd.Series | None, num_classes: float) -
     if not math.isnan(ppl) and not math.isnan(ref_ppl) and ppl > PERPLEXITY_FACTOR * ref_ppl:
         return f"perplexity {ppl:.3g} > {PERPLEXITY_FACTOR:g}x baseline {ref_ppl:.3g}"
     acc = _num(row.get("utility.accuracy"))
-    if not math.isnan(acc) and num_classes and not math.isnan(num_classes) and abs(acc - 1 / num_classes) <= CHANCE_MARGIN:
+    if (not math.isnan(acc) and num_classes and not math.isnan(num_classes)
+            and abs(acc - 1 / num_classes) <= CHANCE_MARGIN):
         return f"accuracy {acc:.3f} within {CHANCE_MARGIN} of chance {1 / num_classes:.3f}"
     fid = _num(row.get("utility.fid"))
     ref_fid = _num(ref.get("utility.fid")) if ref is not None else math.nan

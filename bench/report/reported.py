@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[2] / "leaderboards" / "reported"
 COLUMNS = ["paper", "table", "setting", "metric", "value", "spread", "unit", "scenario", "defense", "attack", "view",
            "part", "suite_metric", "note"]
 UNITS = {"percent", "fraction", "score", "value", "loss", "ssim", "direction", "count", "probability"}
-OUT_COLUMNS = ["paper", "table", "setting", "metric", "reported", "reported (suite scale)", "scenario", "preset", "task",
-               "defense", "attack", "view", "suite_metric", "measured", "measured_value", "measured_ci_low",
+OUT_COLUMNS = ["paper", "table", "setting", "metric", "reported", "reported (suite scale)", "scenario", "preset",
+               "task", "defense", "attack", "view", "suite_metric", "measured", "measured_value", "measured_ci_low",
                "measured_ci_high", "n_seeds", "same_setting", "note"]
 
 
@@ -132,7 +132,7 @@ def measure(res: Results, row: dict, scenario: str) -> list[dict]:
             cells: dict[tuple, list[dict]] = {}
             for r in recs:
                 cells.setdefault((r["attack_label"], r["view"]), []).append(r)
-            for (_, view), cell in sorted(cells.items()):
+            for _key, cell in sorted(cells.items()):
                 est = res.metric(cell, what)
                 if est is not None:
                     out.append(_row(est, preset, task, cell[0], what))
@@ -143,9 +143,10 @@ def measure(res: Results, row: dict, scenario: str) -> list[dict]:
 
 
 def _row(est: Estimate, preset: str, task: str, rec: dict, what: str) -> dict:
+    privacy = "utility" not in what and "comm" not in what
     return {"preset": preset, "task": task, "defense": rec["defense_label"],
-            "attack": rec["attack_label"] if rec.get("attack_kind") and "utility" not in what and "comm" not in what else "",
-            "view": rec["view"] if "utility" not in what and "comm" not in what else "", "suite_metric": what,
+            "attack": rec["attack_label"] if rec.get("attack_kind") and privacy else "",
+            "view": rec["view"] if privacy else "", "suite_metric": what,
             "measured": est.note or est.fmt(), "measured_value": est.value, "measured_ci_low": est.lo,
             "measured_ci_high": est.hi, "n_seeds": est.n_seeds}
 

@@ -79,7 +79,8 @@ def current_config(records: list[dict]) -> tuple[list[dict], dict[tuple[str, str
         cand = (str(prov.get("started_at") or ""), str(prov.get("config_hash") or ""))
         if k not in latest or cand > latest[k]:
             latest[k] = cand
-    kept, dropped = [], {}
+    kept: list[dict] = []
+    dropped: dict[tuple[str, str], int] = {}
     for r in records:
         k = (r.get("task", ""), r.get("preset", ""))
         if str((r.get("provenance") or {}).get("config_hash") or "") == latest[k][1]:
@@ -129,7 +130,7 @@ class Results:
         return "failed: " + "; ".join(bad) if bad else "passed"
 
     @classmethod
-    def load(cls, out: str | Path) -> "Results":
+    def load(cls, out: str | Path) -> Results:
         return cls(Store(out).records())
 
     def scenarios(self) -> list[str]:

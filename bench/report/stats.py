@@ -17,8 +17,15 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from scipy import stats
 
-from ..bootstrap import LEVEL, auroc_rows, hierarchical, member_stat, percentile_interval, tpr_at_fpr_rows, \
-    tpr_unreported
+from ..bootstrap import (
+    LEVEL,
+    auroc_rows,
+    hierarchical,
+    member_stat,
+    percentile_interval,
+    tpr_at_fpr_rows,
+    tpr_unreported,
+)
 from ..store import stable_hash
 
 __all__ = ["LEVEL", "N_BOOT", "Estimate", "auroc_rows", "tpr_at_fpr_rows"]  # re-exported for the tables and tests
@@ -123,8 +130,8 @@ def membership_estimate(recs: Sequence[dict], metric: str, *, key: Any = "", n_b
     samples = [(scores_of(r), (r.get("per_candidate") or {}).get("member")) for r in recs]
     if stat is not None and all(sc and y and len(sc) == len(y) for sc, y in samples):
         groups = []
-        for sc, y in samples:
-            sc, y = np.asarray(sc, float), np.asarray(y, int)
+        for sc_raw, y_raw in samples:
+            sc, y = np.asarray(sc_raw, float), np.asarray(y_raw, int)
             groups.append((sc[y == 1], sc[y == 0]))
         if all(len(p) and len(n) for p, n in groups):
             value = float(np.mean([stat(p[None], n[None])[0] for p, n in groups]))

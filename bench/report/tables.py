@@ -56,7 +56,8 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
         ok = [r for r in group if r["status"] == "ok"]
         g0 = group[0]
         row: dict[str, Any] = {"preset": rk[0], "task": rk[1], "defense": rk[2], "defense_name": g0["defense"],
-                               "defense_params": json.dumps(g0.get("defense_params") or {}, sort_keys=True, default=str),
+                               "defense_params": json.dumps(g0.get("defense_params") or {}, sort_keys=True,
+                                                            default=str),
                                "seeds": ";".join(map(str, sorted({r["seed"] for r in group}))),
                                "n_seeds": len({r["seed"] for r in group})}
         src = ok or group
@@ -67,7 +68,7 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
                 if e.has_ci():
                     row[f"utility.{k}.ci_low"], row[f"utility.{k}.ci_high"] = e.lo, e.hi
         for k in privacy_keys:
-            vals = res.per_seed(src, lambda r: (r.get("privacy") or {}).get(k))
+            vals = res.per_seed(src, lambda r, k=k: (r.get("privacy") or {}).get(k))
             vals = [float(v) for v in vals if v is not None]  # "inf" is stored as a string
             row[f"privacy.{k}"] = float(np.mean(vals)) if vals else math.nan
         notes = sorted({(r.get("privacy") or {}).get("note") or "" for r in src} - {""})
@@ -82,7 +83,7 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
             row["dp_violation"] = au["violation"]
         for k in ("bytes_up_per_round", "bytes_down_per_round", "params_up_per_round", "rounds", "train_wall_s",
                   "peak_mem_mb"):
-            vals = [v for v in res.per_seed(src, lambda r: (r.get("cost") or {}).get(k)) if v is not None]
+            vals = [v for v in res.per_seed(src, lambda r, k=k: (r.get("cost") or {}).get(k)) if v is not None]
             row[f"cost.{k}"] = float(np.mean(vals)) if vals else math.nan
         aw = [(r.get("cost") or {}).get("attack_wall_s") for r in group]
         row["cost.attack_wall_s"] = float(np.nansum([a for a in aw if a is not None]) / max(1, row["n_seeds"]))
@@ -148,7 +149,8 @@ def matrix_table(res: Results, scenario: str) -> pd.DataFrame:
                 if ok:
                     kind = ok[0]["attack_kind"]
                     e = res.metric(ok, HEADLINE[kind][0])
-                    txt = f"{VIEW_SHORT.get(view, view)} {HEADLINE[kind][0]} {e.value:.3f}" if e else VIEW_SHORT.get(view, view)
+                    short = VIEW_SHORT.get(view, view)
+                    txt = f"{short} {HEADLINE[kind][0]} {e.value:.3f}" if e else short
                     parts.append(txt + (f" ({st})" if st else ""))
                 elif st:
                     parts.append((f"{VIEW_SHORT.get(view, view)} " if len({r['view'] for r in cell}) > 1 else "") + st)

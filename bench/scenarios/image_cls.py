@@ -307,6 +307,35 @@ def _datasets(src: image_data.ImageSource, idx: dict, spec: Spec, fl: FLConfig, 
 # ----------------------------------------------------------------------------------------------
 
 
+def _image_spec(preset: str, arch: str, classes: tuple[str, ...]) -> ImageSpec:
+    spec = SPECS[preset]
+    mean, std = image_models.NORMALISATION[arch]
+    return ImageSpec(input_shape=(3, spec.img_size, spec.img_size), num_classes=len(classes), classes=classes,
+                     mean=tuple(mean), std=tuple(std), inversion_iterations=INVERSION_ITERATIONS[preset])
+
+
+def _vit_spec(preset: str, arch: str) -> ViTSpec | None:
+    return ViTSpec(pos_embed_param="pos_embed", patch_embed_param="patch_embed.proj.weight",
+                   patch_size=SPECS[preset].vit.patch, num_prefix_tokens=1, class_token=True) if arch == "vit" else None
+
+
+def specs(preset: str):
+    """The tasks as ``bench list`` plans them, without loading data (bench.specs): Fashion-MNIST's classes and
+    the preset's population size. None on ``paper`` (building checks its weights and CIFAR-10) and when
+    Fashion-MNIST is not installed (building falls back to another source then)."""
+    from bench.data import FASHION_MNIST_CLASSES
+    from bench.specs import DeclaredTask, fashion_mnist_installed
+    from bench.types import TaskSpec
+
+    spec = preset_entry(SPECS, preset)
+    if spec.pretrained or not fashion_mnist_installed():
+        return None
+    return [DeclaredTask(f"image-cls/{arch}", TaskSpec(
+        name=f"image-cls/{arch}", family="image-cls", arch=arch, image=_image_spec(preset, arch, FASHION_MNIST_CLASSES),
+        vit=_vit_spec(preset, arch), dp_delta=spec.dp_delta, population_size=N_POPULATION[preset]),
+        fl_config(preset, arch)) for arch in VARIANTS]
+
+
 @register_scenario(name="image-cls")
 def build(preset: str) -> list[Task]:
     """The ``vit`` and ``resnet34`` tasks of ``image-cls`` at ``preset`` (module doc)."""
@@ -338,11 +367,7 @@ def build(preset: str) -> list[Task]:
         base = None
         if spec.n_pretrain and spec.pretrain is not None:
             base = BaseSpec(src.name, tuple(int(i) for i in idx["pretrain"]), tuple(mean), tuple(std), spec.pretrain[arch])
-        image = ImageSpec(input_shape=(3, spec.img_size, spec.img_size), num_classes=num_classes,
-                          classes=tuple(src.classes), mean=tuple(mean), std=tuple(std),
-                          inversion_iterations=INVERSION_ITERATIONS[preset])
-        vit = ViTSpec(pos_embed_param="pos_embed", patch_embed_param="patch_embed.proj.weight",
-                      patch_size=spec.vit.patch, num_prefix_tokens=1, class_token=True) if arch == "vit" else None
+        image, vit = _image_spec(preset, arch, tuple(src.classes)), _vit_spec(preset, arch)
         api = TaskAPI(name=f"image-cls/{arch}", family="image-cls", arch=arch, image=image, vit=vit,
                       dp_delta=spec.dp_delta, population_size=len(pop_idx),
                       loss=loss, per_sample_loss=per_sample_loss, collate=collate,

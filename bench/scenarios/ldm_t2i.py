@@ -219,10 +219,8 @@ def _assemble(name: str, preset: str, p: Spec, splits: dict[str, list[dict]], ma
         return ldm.add_lora(make_base(), r=p.model.lora_r, alpha=p.model.lora_alpha, targets=p.model.lora_targets,
                             seed=p.model_seed)
 
-    if n_blocks is None:  # transformer blocks: lpb per down level, lpb + 1 per up level, one in the middle
-        n_blocks = len(p.model.unet_channels) * (2 * p.model.layers_per_block + 1) + 1
-    diffusion = DiffusionSpec(num_timesteps=p.model.num_train_timesteps, image_size=p.model.image_size,
-                              eval_timesteps=tuple(ldm.eval_timesteps(p.model.num_train_timesteps)))
+    n_blocks = _unet_blocks(p) if n_blocks is None else n_blocks
+    diffusion = _diffusion_spec(p)
     api = TaskAPI(name=name, family="ldm-t2i", arch="unet", num_layers=n_blocks,
                   lora=LoraSpec(r=p.model.lora_r, alpha=p.model.lora_alpha, targets=tuple(p.model.lora_targets)),
                   diffusion=diffusion, aux_sets=True,
@@ -307,6 +305,31 @@ def _paper_task(p: Spec) -> Task:
                      {"model": ldm.SD15_ID, "model_revision": ldm.SD15_REVISION, "text_encoder": "SD v1.5 CLIP",
                       "data": f"{PAPER_DATA_REPO}@{PAPER_DATA_COMMIT}:dataset/Pokemon/1_pokemon"},
                      n_blocks=ldm.num_attention_blocks(model))
+
+
+def _unet_blocks(p: Spec) -> int:
+    """Transformer blocks of the small UNet: lpb per down level, lpb + 1 per up level, one in the middle."""
+    return len(p.model.unet_channels) * (2 * p.model.layers_per_block + 1) + 1
+
+
+def _diffusion_spec(p: Spec) -> DiffusionSpec:
+    return DiffusionSpec(num_timesteps=p.model.num_train_timesteps, image_size=p.model.image_size,
+                         eval_timesteps=tuple(ldm.eval_timesteps(p.model.num_train_timesteps)))
+
+
+def specs(preset: str):
+    """The task as ``bench list`` plans it, without rendering data or loading a model (bench.specs); None on
+    ``paper`` (SD v1.5's blocks are counted on the loaded model) and when Fashion-MNIST is not installed."""
+    from bench.specs import DeclaredTask, fashion_mnist_installed
+    from bench.types import TaskSpec
+
+    p = preset_entry(SPECS, preset)
+    if preset == "paper" or not fashion_mnist_installed():
+        return None
+    return [DeclaredTask("ldm-t2i", TaskSpec(
+        name="ldm-t2i", family="ldm-t2i", arch="unet", num_layers=_unet_blocks(p),
+        lora=LoraSpec(r=p.model.lora_r, alpha=p.model.lora_alpha, targets=tuple(p.model.lora_targets)),
+        diffusion=_diffusion_spec(p), aux_sets=True), p.fl)]
 
 
 @register_scenario(name="ldm-t2i")

@@ -275,6 +275,26 @@ def build_task(preset: str) -> Task:
                 config=config, population=texts(pop) if pop else None)
 
 
+# Transformer blocks of the non-tiny models (their configs' num_hidden_layers), so planning loads no model.
+NUM_LAYERS = {"smollm2-135m": 30, "llama-2-7b": 32}
+
+
+def specs(preset: str):
+    """The task as ``bench list`` plans it, without loading the corpus or a model (bench.specs); None on
+    ``paper`` (building checks its model and data are there)."""
+    from bench.specs import DeclaredTask
+    from bench.types import TaskSpec
+
+    p = preset_entry(SPECS, preset)
+    if preset == "paper":
+        return None
+    layers = p.tiny["layers"] if p.model == "tiny-llama" else NUM_LAYERS[p.model]
+    return [DeclaredTask("llm-text", TaskSpec(
+        name="llm-text", family="llm-text", arch="llama", num_layers=layers,
+        lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)), parts=("text",),
+        population_size=N_POPULATION[preset]), p.fl)]
+
+
 @register_scenario(name="llm-text")
 def build(preset: str) -> list[Task]:
     return [build_task(preset)]

@@ -502,6 +502,26 @@ class _LazyList(Sequence):
         return self.ds[i]
 
 
+# Transformer blocks of the default preset's LM (SmolLM2-135M's num_hidden_layers), so planning loads no model.
+NUM_LAYERS = {"effnet-smollm2": 30}
+
+
+def specs(preset: str):
+    """The task as ``bench list`` plans it, without rendering data or loading a model (bench.specs); None on
+    ``paper`` (building checks its model and data) and when Fashion-MNIST is not installed (building says so)."""
+    from bench.specs import DeclaredTask, fashion_mnist_installed
+    from bench.types import TaskSpec
+
+    p = preset_entry(SPECS, preset)
+    if p.model == "tinyllava" or not fashion_mnist_installed():
+        return None
+    layers = p.tiny["layers"] if p.model == "tiny" else NUM_LAYERS[p.model]
+    return [DeclaredTask("vlm-caption", TaskSpec(
+        name="vlm-caption", family="vlm-caption", arch="llama", num_layers=layers,
+        lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)), parts=("image", "caption"),
+        population_size=N_POPULATION[preset]), p.fl)]
+
+
 @register_scenario(name="vlm-caption")
 def build(preset: str) -> list[Task]:
     return [build_task(preset)]
