@@ -20,6 +20,7 @@ from torch import nn
 
 from . import captions as cap
 from .progress import progress
+from .types import ScenarioModel
 
 _WORD = re.compile(r"[a-z0-9]+(?:[-'][a-z0-9]+)*")
 # accepted spellings of each Fashion-MNIST class noun beside bench.captions' own (index -> phrases)
@@ -108,8 +109,8 @@ def grounding_scores(hypotheses: Sequence[str], labels: Sequence[int],
 
 
 def make_caption_utility(items: Sequence[dict[str, Any]], collate: Callable, *,
-                         generate: Callable[[nn.Module, Any], list[str]],
-                         loss_fn: Callable[[nn.Module, Any], tuple[torch.Tensor, torch.Tensor]], gen_items: int,
+                         generate: Callable[[ScenarioModel, Any], list[str]],
+                         loss_fn: Callable[[ScenarioModel, Any], tuple[torch.Tensor, torch.Tensor]], gen_items: int,
                          batch_size: int = 16) -> Callable[[nn.Module], dict[str, float]]:
     """``utility(model)``: held-out caption loss / perplexity over ``items`` and caption metrics of greedy
     captions of the first ``gen_items`` of them. ``generate(model, batch) -> captions``; ``loss_fn(model,

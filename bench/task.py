@@ -47,7 +47,7 @@ class Task:
     preset: str
     api: TaskAPI
     fl: FLConfig
-    client_data: list[Dataset]
+    client_data: Sequence[Dataset]
     test_data: Dataset
     utility: Callable[[nn.Module], dict[str, float]]
     nonmembers: Dataset | None = None  # held-out texts/images from the members' distribution

@@ -19,6 +19,10 @@ AttackKind = Literal["membership", "reconstruction"]
 Setting = Literal["federated", "central"]  # a defense's threat setting: federated views or a released model
 MessageKind = Literal["gradient", "weights"]  # FedSGD sends a gradient, FedAvg the weights after local training
 Family = Literal["image-cls", "llm-text", "vlm-caption", "ldm-t2i"]
+# The model argument of a scenario's hooks (loss, logits, generate, ...) is that scenario's own nn.Module subclass
+# (SmallVLM, LatentDiffusion, ...); callable parameters are contravariant, so hooks typed on nn.Module would reject
+# them. The harness only ever passes the model the scenario built.
+ScenarioModel = Any
 FLMode = Literal["fedavg", "fedsgd"]  # FedAvg sends weights after local epochs, FedSGD one gradient per round
 
 
@@ -172,7 +176,7 @@ class CaptionSpec:
     prompt_len: int
     image_size: int
     num_classes: int | None = None  # grounded captions name one of these classes (None: free captions)
-    generate: Callable[[nn.Module, Any], list[str]] | None = field(default=None, compare=False)
+    generate: Callable[[ScenarioModel, Any], list[str]] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -191,9 +195,9 @@ class DiffusionOps:
     attack's signal) and optionally ``loss_at_timesteps(model, batch, ts) -> [B, len(ts)]`` (one encoder
     pass for all timesteps)."""
 
-    loss_at_timestep: Callable[[nn.Module, Any, int], Tensor]
+    loss_at_timestep: Callable[[ScenarioModel, Any, int], Tensor]
     denoise_error: Callable[..., Tensor]
-    loss_at_timesteps: Callable[[nn.Module, Any, Sequence[int]], Tensor] | None = None
+    loss_at_timesteps: Callable[[ScenarioModel, Any, Sequence[int]], Tensor] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,13 +238,13 @@ class TaskAPI(TaskSpec):
     say which of them apply.
     """
 
-    loss: Callable[[nn.Module, Any], Tensor]  # mean loss on a collated batch
-    per_sample_loss: Callable[[nn.Module, Any], Tensor]  # [B] losses
+    loss: Callable[[ScenarioModel, Any], Tensor]  # mean loss on a collated batch
+    per_sample_loss: Callable[[ScenarioModel, Any], Tensor]  # [B] losses
     collate: Callable[[Sequence[Any]], Any]
     build_model: Callable[[], nn.Module]  # a fresh model of the same architecture (attacker's copy)
     # LM scenarios: (model, batch, part) -> (logits [B,T,V], targets [B,T] or None, mask [B,T] bool), already
     # shifted so logits[:, t] predicts targets[:, t]; ``part`` is one of ``parts`` (e.g. "text", "image").
-    logits: Callable[[nn.Module, Any, str], tuple[Tensor, Tensor | None, Tensor]] | None = None
+    logits: Callable[[ScenarioModel, Any, str], tuple[Tensor, Tensor | None, Tensor]] | None = None
     tokens: TokenSpec | None = None
     caption: CaptionSpec | None = None
     diffusion_ops: DiffusionOps | None = None

@@ -14,13 +14,14 @@ With fewer samples than feature dimensions the covariance is rank-deficient and 
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .progress import progress, third_party_stdout
+from .types import ScenarioModel
 
 ENCODER = "effnetlite0"
 
@@ -127,7 +128,7 @@ def make_generation_utility(real_images: Tensor, texts: Tensor, *,
     return utility
 
 
-def mean_loss(per_sample: Callable[[nn.Module, object], Tensor], collate: Callable[[Sequence], object],
+def mean_loss(per_sample: Callable[[ScenarioModel, Any], Tensor], collate: Callable[[Sequence], object],
               items: Sequence, *, batch_size: int = 32) -> Callable[[nn.Module], float]:
     """The mean of a per-sample loss over ``items`` (no gradient)."""
 

@@ -2,7 +2,6 @@
 injection, the pinned-hub loader (real path on a tiny checkpoint saved here; missing-asset error)."""
 from __future__ import annotations
 
-import collections
 import os
 import time
 from pathlib import Path
@@ -12,8 +11,15 @@ import pytest
 import torch
 
 from bench.assets import AssetMissing
-from bench.text_data import (TokenizedTexts, clean_text, collate_pad, load_alpaca_gpt4, load_fortunes,
-                             parse_strfile, stratified_split)
+from bench.text_data import (
+    TokenizedTexts,
+    clean_text,
+    collate_pad,
+    load_alpaca_gpt4,
+    load_fortunes,
+    parse_strfile,
+    stratified_split,
+)
 from models import llm
 from tests.assets import need
 
@@ -132,9 +138,11 @@ def test_compact_vocab_round_trips_the_real_tokenizer():
     tok = CompactVocab(base, texts)
 
     ids = tok(texts[1])["input_ids"]
-    assert max(ids) < len(tok) < 100 and tok.decode(ids) == base.decode(base(texts[1], add_special_tokens=False)["input_ids"])
+    assert max(ids) < len(tok) < 100
+    assert tok.decode(ids) == base.decode(base(texts[1], add_special_tokens=False)["input_ids"])
     assert tok.eos_token_id is not None and tok.eos_token_id < len(tok)
-    assert tok(["zebra unseen"])["input_ids"][0].count(tok.unk_token_id if tok.unk_token_id is not None else tok.eos_token_id) >= 1
+    unk = tok.unk_token_id if tok.unk_token_id is not None else tok.eos_token_id
+    assert tok(["zebra unseen"])["input_ids"][0].count(unk) >= 1
 
 
 def _texts(ds) -> list[str]:

@@ -9,7 +9,6 @@ import pytest
 from bench.runner import plan, run
 from bench.runplan import CostModel
 from bench.store import Store
-from bench.types import Defense
 from defenses.fedavg import FedAvg
 from defenses.fixed_position import FixedPosition
 from defenses.flrsp import FLRSP

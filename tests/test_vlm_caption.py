@@ -19,8 +19,14 @@ os.environ.setdefault("BENCH_QUIET", "1")
 
 from attacks.max_renyi import MaxRenyi  # noqa: E402
 from bench.assets import AssetMissing  # noqa: E402
-from bench.caption_metrics import (caption_scores, grounding_scores, make_caption_utility, parse_attributes,  # noqa: E402
-                                   parse_class, tokenize)
+from bench.caption_metrics import (  # noqa: E402
+    caption_scores,
+    grounding_scores,
+    make_caption_utility,
+    parse_attributes,
+    parse_class,
+    tokenize,
+)
 from bench.types import Observation  # noqa: E402
 from models import vlm  # noqa: E402
 from tests.assets import need  # noqa: E402
@@ -451,15 +457,17 @@ def test_default_fedavg_model_names_the_class_of_held_out_images():
 # the [FedRand] Table 4 view
 
 
-def _record(defense: str, label: str, params: dict, view: str, seed: int, k10_caption: float, status: str = "ok") -> dict:
+def _record(defense: str, label: str, params: dict, view: str, seed: int, k10_caption: float,
+            status: str = "ok") -> dict:
     rng = np.random.default_rng(seed)
     member = [1] * 20 + [0] * 20
     score = (np.array(member) * 2.0 + rng.normal(size=40)).tolist()
     variants = {f"maxrenyi_K{k}_a0.5_{p}": {"auroc": v} for k, p, v in
                 ((0, "image", 0.51), (0, "caption", 0.61), (10, "image", 0.52), (10, "caption", k10_caption))}
-    return {"scenario": "vlm-caption", "task": "vlm-caption", "preset": "smoke", "defense": defense, "defense_label": label,
-            "defense_params": params, "attack": "max_renyi", "attack_label": "max_renyi", "attack_params": {},
-            "attack_kind": "membership", "view": view, "seed": seed, "status": status, "reason": "x" if status != "ok" else "",
+    return {"scenario": "vlm-caption", "task": "vlm-caption", "preset": "smoke", "defense": defense,
+            "defense_label": label, "defense_params": params, "attack": "max_renyi", "attack_label": "max_renyi",
+            "attack_params": {}, "attack_kind": "membership", "view": view, "seed": seed, "status": status,
+            "reason": "x" if status != "ok" else "",
             "cell_id": f"{label}-{view}-{seed}", "primary": "maxrenyi_K10_a0.5_caption",
             "metrics": {"auroc": {"value": k10_caption, "ci_low": 0.0, "ci_high": 1.0}}, "variants": variants,
             "per_candidate": {"member": member, "score": score},
@@ -477,8 +485,10 @@ def test_table4_puts_measured_scores_beside_the_reported_numbers():
     server, client = df.loc["FedAvg (server)"], df.loc["FedAvg (client)"]
     assert server.n_seeds == 2 and server["MaxRenyi-0% caption"] == pytest.approx(61.0)  # mean over seeds, percent
     assert server["MaxRenyi-0% caption ci_low"] == pytest.approx(61.0)  # identical seeds: a zero-width t interval
-    assert server["MaxRenyi-10% caption ci_low"] < server["MaxRenyi-10% caption"] < server["MaxRenyi-10% caption ci_high"]
-    assert server["MaxRenyi-0% image reported"] == pytest.approx(49.96) and server["CIDEr reported"] == pytest.approx(111.08)
+    low, high = server["MaxRenyi-10% caption ci_low"], server["MaxRenyi-10% caption ci_high"]
+    assert low < server["MaxRenyi-10% caption"] < high
+    assert server["MaxRenyi-0% image reported"] == pytest.approx(49.96)
+    assert server["CIDEr reported"] == pytest.approx(111.08)
     assert server["BLEU-1"] == pytest.approx(50.5) and client["CIDEr"] == pytest.approx(70.0)  # client_* utility
     assert client["MaxRenyi-10% caption reported"] == pytest.approx(70.69)
     assert df.loc["FedRand (server)"].note == "not run" and math.isnan(df.loc["FedRand (server)"]["MaxRenyi-0% image"])
@@ -498,7 +508,8 @@ def test_table4_bootstraps_a_kept_variant_over_candidates_for_one_seed():
     row = table4([rec]).set_index("method").loc["FedAvg (server)"]
     # assert: the kept variant gets a bootstrap interval from one seed; a variant not kept gets none
     assert row["MaxRenyi-0% caption"] == pytest.approx(100.0)
-    assert row["MaxRenyi-0% caption ci_low"] == pytest.approx(100.0) and row["MaxRenyi-0% caption ci_high"] == pytest.approx(100.0)
+    assert row["MaxRenyi-0% caption ci_low"] == pytest.approx(100.0)
+    assert row["MaxRenyi-0% caption ci_high"] == pytest.approx(100.0)
     assert math.isnan(row["MaxRenyi-0% image ci_low"])
 
 
