@@ -57,8 +57,9 @@ def test_page_loads_every_scenario_and_sorts_by_a_clicked_header(tmp_path, brows
         headers = table.find_elements(By.CSS_SELECTOR, "thead th")
         names = [h.text for h in headers]
         col = names.index("mia/global AUROC")
-        cells = lambda table=table: [r.find_elements(By.TAG_NAME, "td")  # noqa: E731
-                                     for r in table.find_elements(By.CSS_SELECTOR, "tbody tr")]
+        def cells(table=table):
+            return [r.find_elements(By.TAG_NAME, "td") for r in table.find_elements(By.CSS_SELECTOR, "tbody tr")]
+
         before = [c[1].text for c in cells()]
         assert before == ["base", "fedavg", "dp_gaussian", "flrsp"]
         values = {c[1].text: float(c[col].text.split()[0]) for c in cells()}

@@ -37,8 +37,9 @@ def write_leaderboards(out: Path, dest: Path | None = None) -> list[Path]:
     dest = Path(dest) if dest else out / "leaderboards"
     res = Results.load(out)
     for (task, preset), n in sorted(res.superseded.items()):
-        print(f"leaderboard: ignored {n} records of {task} ({preset}) from a superseded task "  # noqa: T201 (user notice on stderr)
-              f"configuration (an earlier preset or data); they stay in {out / 'records'}", file=sys.stderr)
+        notice = (f"leaderboard: ignored {n} records of {task} ({preset}) from a superseded task configuration "
+                  f"(an earlier preset or data); they stay in {out / 'records'}")
+        print(notice, file=sys.stderr)  # noqa: T201 -- a notice to the user, on stderr
     written: list[Path] = []
     if not res.records:
         return written

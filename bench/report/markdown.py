@@ -232,9 +232,9 @@ def scenario_markdown(res: Results, scenario: str, table: pd.DataFrame, meta: li
         short = matrix.copy()
         for c in short.columns[3:]:
             short[c] = [v if len(v) <= 90 else v[:87] + "..." for v in short[c].fillna("")]
+        one_preset = short.preset.nunique() == 1  # noqa: PD101 -- a count of distinct presets, as above
         parts += ["## Cross-matrix: defenses x attacks", "",
-                  _frame_md(short.drop(columns=["preset"] if short.preset.nunique() == 1 else [])),  # noqa: PD101
-                  ""]
+                  _frame_md(short.drop(columns=["preset"] if one_preset else [])), ""]
     shift = shift_check(table, meta)
     if shift:
         parts += ["## Distribution-shift check (attacks on the un-fine-tuned base model)", ""] + shift + [""]
