@@ -12,5 +12,5 @@ signal.signal(signal.SIGTERM, _terminate)
 try:
     sys.exit(main())
 except KeyboardInterrupt:
-    print("interrupted: finished records are kept; the same command resumes the run", file=sys.stderr)
+    print("interrupted: finished records are kept; the same command resumes the run", file=sys.stderr)  # noqa: T201
     sys.exit(130)

@@ -11,6 +11,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn, overload
 
 from .assets import AssetMissing
 from .device import check_precision, resolve_device, with_precision
@@ -25,7 +26,7 @@ CELL_TIMEOUT_S = {"smoke": 900.0, "default": 4 * 3600.0, "paper": 24 * 3600.0}
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own usage errors also exit 2, with our prefix
+    def error(self, message: str) -> NoReturn:  # argparse's own usage errors also exit 2, with our prefix
         self.print_usage(sys.stderr)
         raise UsageError(message)
 
@@ -109,6 +110,10 @@ def build_tasks(names: list[str], preset: str, precision: str = "fp32"):
     return tasks
 
 
+@overload
+def positive_number(raw: str, flag: str, *, integer: bool = False, allow_zero: bool = False) -> float: ...
+@overload
+def positive_number(raw: None, flag: str, *, integer: bool = False, allow_zero: bool = False) -> None: ...
 def positive_number(raw: str | None, flag: str, *, integer: bool = False, allow_zero: bool = False) -> float | None:
     if raw is None:
         return None
@@ -220,8 +225,8 @@ def cmd_list(a) -> int:
     for name, cls in DEFENSES.items():
         print(f"  {name:16s} {cls.setting:9s} configs={len(cls.grid)}  {cls.paper}")
     print("attacks:")
-    for name, cls in ATTACKS.items():
-        print(f"  {name:20s} {cls.kind:14s} views={','.join(cls.views)}  {cls.paper}")
+    for name, acls in ATTACKS.items():
+        print(f"  {name:20s} {acls.kind:14s} views={','.join(acls.views)}  {acls.paper}")
     tasks = listed_tasks(names, preset)
     cells = plan(tasks, expand(DEFENSES, "all", full_grid=preset != "smoke"), expand(ATTACKS, "all"), [0])
     print(f"cells at preset {preset} (one seed): {sum(c.na is None for c in cells)} apply, "

@@ -29,6 +29,7 @@ def resolve_device(raw: str) -> str:
     if not n:
         raise UsageError(f"--device {raw}: CUDA is not available on this machine (torch {torch.__version__}); "
                          f"use --device cpu or auto")
+    assert m is not None  # raw is cuda[:N] here
     index = int(m.group(1)) if m.group(1) is not None else 0
     if index >= n:
         raise UsageError(f"--device {raw}: only {n} CUDA device(s) (cuda:0..cuda:{n - 1})")

@@ -21,10 +21,10 @@ import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .progress import unit_progress
-from .runner import InlineExecutor, execute_unit  # executors sit above the runner (InlineExecutor re-exported)
+from .runner import InlineExecutor, execute_unit  # noqa: F401 -- executors sit above the runner; InlineExecutor re-exported
 
 # A worker's outcome: {"key", "kind", "status": ok|failed|n/a, "reason", "wall_s", "restart": bool, ...}
 Outcome = dict
@@ -73,8 +73,8 @@ class WorkerConfig:
 def contributed_modules() -> tuple[tuple[str, str], ...]:
     """Contributed methods loaded from a path in this process (``Registry.load_path``): a worker must
     import them under the same module name before it can unpickle their instances."""
-    return tuple(sorted((name, m.__file__) for name, m in list(sys.modules.items())
-                        if name.startswith("_bench_contrib_") and getattr(m, "__file__", None)))
+    return tuple(sorted((name, file) for name, m in list(sys.modules.items())
+                        if name.startswith("_bench_contrib_") and (file := getattr(m, "__file__", None))))
 
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -169,6 +169,8 @@ def _init_worker(cfg: WorkerConfig, owner: int = 0, progress_queue=None) -> None
         if name in sys.modules:
             continue
         spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load contributed module {name} from {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -192,7 +194,8 @@ class Slot:
         self.context = context
         self.report = report  # the worker's units send their done fraction (``poll``)
         self._pool: cf.ProcessPoolExecutor | None = None
-        self._queue = None  # the current worker's progress queue (one writer: a killed worker tears no other's)
+        # the current worker's progress queue, a multiprocessing Queue (one writer: a killed worker tears no other's)
+        self._queue: Any = None
 
     def _ensure(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
@@ -206,7 +209,7 @@ class Slot:
 
     def poll(self) -> list[tuple[str, float]]:
         """(unit key, done fraction) reports sent by the worker since the last call."""
-        q, got = self._queue, []
+        q, got = self._queue, cast("list[tuple[str, float]]", [])
         while q is not None:
             try:
                 got.append(q.get_nowait())

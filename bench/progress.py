@@ -9,7 +9,7 @@ import os
 import sys
 import time
 import warnings
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import Callable, Iterable, Iterator, Sized, TypeVar
 
 from tqdm.auto import tqdm
 
@@ -26,7 +26,7 @@ def progress(it: Iterable[T], *, desc: str = "", total: int | None = None, leave
              unit: bool = False) -> Iterable[T]:
     """A tqdm loop. ``unit``: the loop is its work unit's main loop, so inside ``unit_progress`` its done
     fraction (refined by the tracked loops nested in it) goes to the run's progress bar."""
-    n = total if total is not None else (len(it) if hasattr(it, "__len__") else None)
+    n = total if total is not None else (len(it) if isinstance(it, Sized) else None)
     return tqdm(_tracked(it, n, unit), desc=desc, total=n, leave=leave, disable=_disabled(), dynamic_ncols=True,
                 mininterval=1.0)
 
@@ -34,7 +34,7 @@ def progress(it: Iterable[T], *, desc: str = "", total: int | None = None, leave
 def nested(it: Iterable[T], *, total: int | None = None) -> Iterable[T]:
     """``it`` as a loop nested in a unit's main loop (no bar of its own): refines the reported fraction,
     e.g. the local epochs and batches of a training round."""
-    return _tracked(it, total if total is not None else (len(it) if hasattr(it, "__len__") else None), False)
+    return _tracked(it, total if total is not None else (len(it) if isinstance(it, Sized) else None), False)
 
 
 # How far the current work unit is: a stack of [items done, items] of the tracked loops running, the

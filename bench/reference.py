@@ -19,18 +19,19 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from torch import nn
+from torch.utils.data import Dataset
 
 from . import cachefile
 from .fl import TrainResult, client_model_state, run_federated
 from .signal_cache import fingerprint
 from .store import stable_hash
 from .task import Task
-from .training import (MAX_CLIENT_NUMEL, _decode, _encode, build_trained_model, label, target_client, train_key)
-from .types import Defense, params_of
+from .training import MAX_CLIENT_NUMEL, _decode, _encode, build_trained_model, label, target_client, train_key
+from .types import Defense, n_items, params_of
 
 REF_SALT = 0x524D4941  # "RMIA": the population split's random stream, apart from every other draw
 DEFAULT_COUNT = {"smoke": 2}  # reference models when the attack leaves R to the preset; 4 elsewhere ([RMIA])
@@ -52,8 +53,8 @@ def training_sizes(task: Task, defense: Defense | None) -> list[int]:
     if defense is not None and defense.setting == "central":
         if task.central_data is None:
             raise ValueError(f"task {task.id} has no central training set")
-        return [len(task.central_data)]
-    return [len(c) for c in task.client_data]
+        return [n_items(task.central_data)]
+    return [n_items(c) for c in task.client_data]
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,10 @@ def reference_task(task: Task, defense: Defense | None, items: list[Any]) -> Tas
     sizes = training_sizes(task, defense)
     if sum(sizes) != len(items):
         raise ValueError(f"{len(items)} reference items for training sets of sizes {sizes}")
-    chunks, start = [], 0
+    chunks: list[Dataset] = []
+    start = 0
     for n in sizes:
-        chunks.append(items[start:start + n])
+        chunks.append(cast(Dataset, items[start:start + n]))  # a list is a map-style dataset
         start += n
     central = defense is not None and defense.setting == "central"
     return replace(task, client_data=chunks, central_data=chunks[0] if central else None, nonmembers=None,
@@ -105,7 +107,7 @@ def get_reference(task: Task, defense: Defense, seed: int, r: int, cache_root: P
     if task.population is None:
         raise ValueError(f"task {task.id} has no population data for reference models")
     n_train = sum(training_sizes(task, defense))
-    split = population_split(len(task.population), n_train, seed)
+    split = population_split(n_items(task.population), n_train, seed)
     items = [task.population[i] for i in reference_indices(split, n_train, seed, r)]
     key = stable_hash({"target": train_key(task, defense, seed), "reference": r, "seed": ref_seed(seed, r),
                        "data": fingerprint(items)})
@@ -200,7 +202,8 @@ class Reference:
         """Up to ``n`` z samples from the z pool (in no reference model's training data)."""
         if self.task.population is None:
             raise ValueError(f"task {self.task.id} has no population data")
-        split = population_split(len(self.task.population), sum(training_sizes(self.task, self.defense)), self.seed)
+        split = population_split(n_items(self.task.population), sum(training_sizes(self.task, self.defense)),
+                                 self.seed)
         z = [self.task.population[i] for i in split.z_pool[:n]]
         self.used["n_population_z"] = len(z)
         return z

@@ -16,9 +16,12 @@ import traceback
 import typing
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Generic, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, TypeVar
 
 from .errors import UsageError  # noqa: F401  (re-exported: callers import it from here)
+
+if TYPE_CHECKING:  # annotations only: importing the registry stays light
+    from .types import Attack, Defense
 
 T = TypeVar("T")
 
@@ -67,6 +70,8 @@ class Registry(Generic[T]):
             self._index = {}
             if self.package:
                 spec = importlib.util.find_spec(self.package)
+                if spec is None:
+                    raise ModuleNotFoundError(f"no package {self.package!r}")
                 for info in sorted(pkgutil.iter_modules(spec.submodule_search_locations or []), key=lambda i: i.name):
                     if not info.name.startswith("_"):
                         self._index[_declared_key(info, self.package)] = f"{self.package}.{info.name}"
@@ -161,7 +166,8 @@ def _declared_key(info: pkgutil.ModuleInfo, package: str) -> str:
     import re
 
     try:
-        src = Path(info.module_finder.path, f"{info.name}.py").read_text()  # type: ignore[attr-defined]
+        # typeshed's finder protocols lack ``path``; pkgutil's FileFinder has it
+        src = Path(info.module_finder.path, f"{info.name}.py").read_text()  # type: ignore[union-attr]
     except (OSError, AttributeError):
         return info.name
     m = re.search(r"register_\w+\(\s*name\s*=\s*[\"']([^\"']+)[\"']", src)
@@ -195,8 +201,8 @@ def unknown_message(kind: str, key: str, choices: list[str]) -> str:
     return f"unknown {kind} {key!r}.{hint} Valid choices: {', '.join(choices)}"
 
 
-DEFENSES: Registry[type] = Registry("defense", "defenses", "bench.defenses")
-ATTACKS: Registry[type] = Registry("attack", "attacks", "bench.attacks")
+DEFENSES: Registry[type[Defense]] = Registry("defense", "defenses", "bench.defenses")
+ATTACKS: Registry[type[Attack]] = Registry("attack", "attacks", "bench.attacks")
 SCENARIOS: Registry[Callable] = Registry("scenario", "bench.scenarios", "bench.scenarios")
 register_defense = DEFENSES.register
 register_attack = ATTACKS.register
@@ -288,7 +294,7 @@ def grid_configs(cls: type, kind: str) -> list[Any]:
     """Every configuration of ``cls.grid``, built and validated (a bad grid entry is a UsageError, as
     ``bench check`` reports it), whichever of them a run then uses."""
     name = getattr(cls, "name", "") or cls.__name__
-    grid = getattr(cls, "grid", ({},))
+    grid: Any = getattr(cls, "grid", ({},))  # checked next
     if isinstance(grid, (str, bytes, Mapping)) or not isinstance(grid, (tuple, list)) or not grid:
         raise UsageError(f"{kind} {name!r}: grid must be a non-empty tuple of parameter mappings, got {grid!r}")
     out = []

@@ -28,7 +28,7 @@ from .run_state import resolve_delta
 from .store import Store, provenance, stable_hash, utc_stamp
 from .task import Task
 from .training import get_training, label, train_key
-from .types import Attack, Defense, params_of
+from .types import Attack, Defense, n_items, params_of
 
 FEDERATED_VIEWS = ("global_model", "client_model", "client_update")
 CENTRAL_VIEWS = ("released_model",)
@@ -86,8 +86,8 @@ def plan(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seed
                 if attack.kind == "membership":  # the base model on the same candidates, in every view run
                     exposed = {v for d in defenses if d.applies(task.api) is None for v in views_of(d)} \
                         or {"global_model"}
-                    for view in (v for v in attack.views if v in exposed and v != "client_update"):
-                        cells.append(Cell(task, None, attack, view, seed, na=a_na, error=a_err))
+                    for base_view in (v for v in attack.views if v in exposed and v != "client_update"):
+                        cells.append(Cell(task, None, attack, base_view, seed, na=a_na, error=a_err))
                 for defense in defenses:
                     d_na, d_err = _applies(defense, task.api)
                     views = [v for v in attack.views if v in views_of(defense)]
@@ -150,7 +150,8 @@ class Unit:
                 raise ValueError(f"task {t.id} has no `source` builder, so a worker process cannot rebuild it; "
                                  f"run it with the inline executor")
             t = TaskRef(t.source, t.id, t.config_hash())
-        names = (self.defense.name if self.defense is not None else "", self.attack.name if self.attack is not None else "")
+        names = (self.defense.name if self.defense is not None else "",
+                 self.attack.name if self.attack is not None else "")
         return replace(self, task=t, registered=names)
 
 
@@ -230,6 +231,7 @@ def execute_unit(unit: Unit) -> dict:
             # whether its worker also trained (in-memory and loaded tensors differ in alignment, and BLAS
             # rounding with it)
             _TRAIN_LRU.clear()
+            assert unit.defense is not None  # a train unit trains a defense
             with autocast(task, unit.device):  # --precision (bench.device)
                 train = get_training(task, unit.defense, unit.seed, out / "cache")
             return {**base, "status": "ok", "reason": "", "wall_s": time.time() - t0, "train_wall_s": train.wall_s}
@@ -239,7 +241,7 @@ def execute_unit(unit: Unit) -> dict:
         raise
     except BaseException as e:
         reason, restart = failure_reason(e)
-        res = {**base, "status": "failed", "reason": reason, "traceback": traceback.format_exc(limit=8),
+        res: dict[str, Any] = {**base, "status": "failed", "reason": reason, "traceback": traceback.format_exc(limit=8),
                "wall_s": time.time() - t0, "restart": restart, "written": False}
         if unit.kind == "cell" and unit.skeleton is not None:
             try:
@@ -253,6 +255,7 @@ def execute_unit(unit: Unit) -> dict:
 def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
     store = Store(out)
     defense = unit.defense
+    assert unit.attack is not None and unit.skeleton is not None  # a cell unit
     cell = Cell(task, defense, unit.attack, unit.view, unit.seed)
     rec = {**unit.skeleton, "provenance": {**unit.skeleton["provenance"], "started_at": utc_stamp(),
                                            "device": unit.device, "precision": precision_of(task)}}
@@ -393,7 +396,7 @@ def run(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds
 
     try:
         for c in broken:
-            write_failed(store, c.skeleton(), c.error)
+            write_failed(store, c.skeleton(), c.error or "")  # a broken cell has its error
             summary.counts["failed"] += 1
         for c in pl.na_cells:
             write_na(store, c)
@@ -428,6 +431,7 @@ def run(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds
                             summary.counts["failed"] += 1
                             bar.update(estimator.cell_cost(c))
                     continue
+                assert unit.skeleton is not None and unit.attack is not None  # a cell unit
                 if not res.get("written"):
                     write_failed(store, unit.skeleton, res["reason"], traceback=res.get("traceback", ""))
                 summary.counts[res["status"]] += 1
@@ -453,6 +457,7 @@ def _attack_cell(cell: Cell, train, store: Store) -> dict:
                        "seed": cell.seed})
     if _SHARED["key"] != key:
         _SHARED.update(key=None, probes=None)
+        assert cell.defense is not None  # reconstruction cells attack a defense's client update
         _SHARED.update(probes=probe_observations(cell.task, cell.defense, cell.seed), key=key)
     return run_reconstruction(cell.task, cell.attack, _SHARED["probes"], cell.seed, store.artifact_dir(cell.id))
 
@@ -477,6 +482,6 @@ def _privacy(task: Task, defense: Defense | None, train) -> dict[str, Any]:
                          rounds=len(train.bytes_down) if train is not None else fl.rounds,
                          sample_rate=1.0 if central else fl.clients_per_round / fl.num_clients,
                          names=tuple(train.global_state) if train is not None else None,
-                         n_samples=sum(len(d) for d in task.client_data))
+                         n_samples=sum(n_items(d) for d in task.client_data))
     check_privacy(rec, defense.name)  # a NaN / negative / infinite epsilon fails the cell with the reason
     return rec

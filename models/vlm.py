@@ -53,11 +53,11 @@ class FrozenEncoder(nn.Module):
 
     out_channels: int = 0
 
-    def freeze(self) -> "FrozenEncoder":
+    def freeze(self) -> FrozenEncoder:
         self.requires_grad_(False)
         return self.eval()
 
-    def train(self, mode: bool = True) -> "FrozenEncoder":
+    def train(self, mode: bool = True) -> FrozenEncoder:
         return super().train(False)  # batch-norm statistics and dropout stay those of the pretrained encoder
 
 
@@ -204,6 +204,8 @@ class SmallVLM(nn.Module):
     ``layout``'s image slots -> LM (a peft LoRA model). Parameter names keep peft's
     (``lm.base_model.model.model.layers.<i>....lora_A.default.weight``) so the LoRA defenses find A / B."""
 
+    lm: Any  # a transformers causal LM in peft: its methods (get_input_embeddings, generate) are not nn.Module's
+
     def __init__(self, encoder: nn.Module, projector: nn.Module, lm: nn.Module, layout: PromptLayout, *,
                  side: int | None = None, features: Callable[[nn.Module, Tensor], Tensor] | None = None):
         super().__init__()
@@ -218,7 +220,7 @@ class SmallVLM(nn.Module):
         self.encoder.eval().requires_grad_(False)
         self._keeps_logits: bool | None = None
 
-    def train(self, mode: bool = True) -> "SmallVLM":
+    def train(self, mode: bool = True) -> SmallVLM:
         super().train(mode)
         self.encoder.eval()  # frozen: its batch-norm statistics / dropout never change
         return self
@@ -280,7 +282,7 @@ class SmallVLM(nn.Module):
         return caps
 
 
-def build_vlm(encoder: nn.Module, lm_base: nn.Module, layout: PromptLayout, *, side: int, projector_state: dict | None,
+def build_vlm(encoder: FrozenEncoder, lm_base: Any, layout: PromptLayout, *, side: int, projector_state: dict | None,
               lora: dict[str, Any], seed: int, train_projector: bool = False) -> SmallVLM:
     """Assemble a VLM: LoRA (``models.llm.add_lora``; B = 0 so it equals the base) on ``lm_base``, a projector
     (from ``projector_state`` when given, else freshly initialised from ``seed``), the frozen encoder."""
@@ -342,7 +344,8 @@ def pretrain_projector(model: SmallVLM, items: Sequence[Any], collate: Callable,
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm))))
+        opt, lambda s: (s + 1) / warm if s < warm
+        else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm))))
     g = torch.Generator().manual_seed(seed)
     losses: list[float] = []
     model.train()

@@ -23,10 +23,9 @@ photos are not from the class distribution, they make the picture grids legible)
 from __future__ import annotations
 
 import functools
-import math
 import zlib
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -39,7 +38,7 @@ from bench.assets import AssetMissing
 from bench.fl import split_clients
 from bench.registry import register_scenario
 from bench.task import Task, preset_entry, subset_dataset
-from bench.types import FLConfig, ImageSpec, TaskAPI, ViTSpec
+from bench.types import FLConfig, ImageSpec, TaskAPI, ViTSpec, n_items
 from models import image as image_models
 
 DATA_SEED = 0  # the data subset and the client split
@@ -186,6 +185,7 @@ def _pretrain_data(preset: str, base: BaseSpec, img_size: int) -> tuple[Tensor, 
 def build_model(arch: str, preset: str, img_size: int, num_classes: int, base: BaseSpec | None = None) -> nn.Module:
     """The task's initial model: seeded random weights, or (``base``) the cached pre-trained ones."""
     spec = SPECS[preset]
+    make: Callable[[], nn.Module]
     if arch == "vit":
         make = functools.partial(image_models.vit, spec.vit, num_classes=num_classes, img_size=img_size,
                                  seed=MODEL_SEED, pretrained=spec.pretrained)
@@ -295,10 +295,12 @@ def _datasets(src: image_data.ImageSource, idx: dict, spec: Spec, fl: FLConfig, 
     nonmembers = mk(non_x[idx["nonmembers"]], non_y[idx["nonmembers"]])
     num_classes = len(src.classes)
     names = image_data.PHOTOS[:spec.n_photos]
-    photo_x = image_data.to_tensor(image_data.photos(names, spec.img_size), spec.img_size, mean, std) if names else []
+    photo_x: Tensor | list[Tensor] = []
+    if names:
+        photo_x = image_data.to_tensor(image_data.photos(names, spec.img_size), spec.img_size, mean, std)
     targets = [(photo_x[i], i % num_classes) for i in range(len(names))]
     kinds = [f"photo:{n}" for n in names]
-    for j in range(min(spec.n_client_targets, len(clients[0]))):
+    for j in range(min(spec.n_client_targets, n_items(clients[0]))):
         targets.append(clients[0][j])
         kinds.append(f"client0:{parts[0][j]}")
     return _Data(clients, parts, test, nonmembers, targets, kinds)
@@ -366,7 +368,8 @@ def build(preset: str) -> list[Task]:
         d = _datasets(src, idx, spec, fl, mean, std)
         base = None
         if spec.n_pretrain and spec.pretrain is not None:
-            base = BaseSpec(src.name, tuple(int(i) for i in idx["pretrain"]), tuple(mean), tuple(std), spec.pretrain[arch])
+            base = BaseSpec(src.name, tuple(int(i) for i in idx["pretrain"]), tuple(mean), tuple(std),
+                            spec.pretrain[arch])
         image, vit = _image_spec(preset, arch, tuple(src.classes)), _vit_spec(preset, arch)
         api = TaskAPI(name=f"image-cls/{arch}", family="image-cls", arch=arch, image=image, vit=vit,
                       dp_delta=spec.dp_delta, population_size=len(pop_idx),
@@ -387,7 +390,7 @@ def build(preset: str) -> list[Task]:
             "data": {"source": src.name, "origin": src.origin, "seed": DATA_SEED, "img_size": spec.img_size,
                      "n_train": len(idx["train"]), "n_test": len(idx["test"]), "n_nonmembers": len(idx["nonmembers"]),
                      "n_pretrain": len(idx["pretrain"]),
-                     "nonmembers_from": idx["nonmembers_from"], "client_sizes": [len(c) for c in d.clients],
+                     "nonmembers_from": idx["nonmembers_from"], "client_sizes": [n_items(c) for c in d.clients],
                      "mean": list(mean), "std": list(std)},
             "model": model_cfg,
             "recon_targets": {"items": d.target_kinds, "labels": [int(y) for _, y in d.targets],

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -279,7 +279,8 @@ def _paper_task(p: Spec) -> Task:
         raise AssetMissing(
             f"the ldm-t2i paper preset needs the 833 BLIP-captioned Pokemon images (lambdalabs/pokemon-blip-captions) "
             f"as image + .txt caption pairs in a folder named by ${PAPER_DATA_ENV}; papers/004's code ships them: "
-            f"`git clone https://github.com/{PAPER_DATA_REPO} && git -C StablePrivateLoRA checkout {PAPER_DATA_COMMIT}` "
+            f"`git clone https://github.com/{PAPER_DATA_REPO} && "
+            f"git -C StablePrivateLoRA checkout {PAPER_DATA_COMMIT}` "
             f"then `export {PAPER_DATA_ENV}=$PWD/StablePrivateLoRA/dataset/Pokemon/1_pokemon`")
     ims, caps = _paper_images(folder, p.model.image_size)
     need = p.n_aux_m + p.n_te_m + p.n_aux_nm + p.n_te_nm

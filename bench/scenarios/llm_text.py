@@ -29,8 +29,16 @@ from bench.fl import split_clients
 from bench.progress import progress
 from bench.registry import register_scenario
 from bench.task import Task, preset_entry
-from bench.text_data import (ALPACA_GPT4_ID, CompactVocab, TextCorpus, TokenizedTexts, collate_pad, load_alpaca_gpt4, load_fortunes,
-                             stratified_split)
+from bench.text_data import (
+    ALPACA_GPT4_ID,
+    CompactVocab,
+    TextCorpus,
+    TokenizedTexts,
+    collate_pad,
+    load_alpaca_gpt4,
+    load_fortunes,
+    stratified_split,
+)
 from bench.types import FLConfig, LoraSpec, TaskAPI, TokenSpec
 from models import llm
 
@@ -267,11 +275,13 @@ def build_task(preset: str) -> Task:
                   logits=lm_logits, population_size=len(pop))
     config = {**model_cfg, **data_cfg, "max_len": p.max_len, "n_members": len(member_ds),
               "n_nonmembers": len(nonmember_ds), "n_test": len(test_ds), "client_sizes": [len(c) for c in parts],
-              "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
+              "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout,
+                       "targets": list(p.lora_targets)},
               "data_seed": p.data_seed, "model_seed": p.model_seed, **p.notes}
     return Task(scenario="llm-text", variant="", preset=preset, api=api, fl=p.fl, client_data=client_data,
                 test_data=test_ds, utility=make_utility(test_ds, collate, p.fl.batch_size), nonmembers=nonmember_ds,
-                central_data=member_ds, central_epochs=p.central_epochs or p.fl.local_epochs, max_membership=p.max_membership,
+                central_data=member_ds, central_epochs=p.central_epochs or p.fl.local_epochs,
+                max_membership=p.max_membership,
                 config=config, population=texts(pop) if pop else None)
 
 

@@ -33,8 +33,8 @@ from torch.utils.data import Dataset, Subset
 
 from bench import captions as cap
 from bench.assets import AssetMissing
-from bench.data import Items, fashion_mnist_for
 from bench.caption_metrics import make_caption_utility
+from bench.data import Items, fashion_mnist_for
 from bench.fl import split_clients
 from bench.registry import register_scenario
 from bench.task import Task, preset_entry
@@ -193,7 +193,7 @@ def vlm_per_sample_loss(model: vlm.SmallVLM, batch: dict[str, Tensor]) -> Tensor
     return nll.sum(1) / mask.sum(1).clamp(min=1)
 
 
-def make_generate(tokenizer, max_new_tokens: int) -> Callable[[nn.Module, dict[str, Tensor]], list[str]]:
+def make_generate(tokenizer, max_new_tokens: int) -> Callable[[vlm.SmallVLM, dict[str, Tensor]], list[str]]:
     def generate(model: vlm.SmallVLM, batch: dict[str, Tensor]) -> list[str]:
         """Greedy captions of the batch's images, decoded without special tokens."""
         ids = model.generate(batch["images"], max_new_tokens=max_new_tokens)
@@ -229,7 +229,8 @@ def phrasings(class_name: str, attrs: cap.Attributes) -> list[str]:
 
 
 def render_items(images: np.ndarray, labels: np.ndarray, *, seed: int, split: int, canvas: int, tokenizer,
-                 layout: vlm.PromptLayout, max_caption_tokens: int, source_index: Sequence[int]) -> list[dict]:
+                 layout: vlm.PromptLayout, max_caption_tokens: int,
+                 source_index: Sequence[int] | np.ndarray) -> list[dict]:
     """Augment and caption each 28x28 image with its own generator (seed, split, source index): the training
     caption is one of its :data:`TEMPLATES` phrasings, all of them are its references."""
     out = []
@@ -247,7 +248,8 @@ def render_items(images: np.ndarray, labels: np.ndarray, *, seed: int, split: in
 
 def caption_words() -> list[str]:
     """Every word the grounded captions use (the smoke tokenizer's vocabulary besides the prompt)."""
-    phrases = [w for t in TEMPLATES for w in t.replace(",", " , ").split() if not w.startswith("{")] + list(cap.CLASS_NAMES) + list(cap.SIZES) + list(cap.TINTS) + list(cap.POSITIONS) + list(cap.ROTATIONS)
+    phrases = ([w for t in TEMPLATES for w in t.replace(",", " , ").split() if not w.startswith("{")]
+               + list(cap.CLASS_NAMES) + list(cap.SIZES) + list(cap.TINTS) + list(cap.POSITIONS) + list(cap.ROTATIONS))
     return [w for ph in phrases for w in ph.split()]
 
 
@@ -282,7 +284,7 @@ def effnet_smollm2_name(p: Spec) -> str:
             f"({llm.SMOLLM2_PACKAGE} {llm.md.version(llm.SMOLLM2_PACKAGE)} GGUF)")
 
 
-def _encoder_and_lm(p: Spec) -> tuple[nn.Module, Callable[[], nn.Module], Any, dict[str, Any]]:
+def _encoder_and_lm(p: Spec) -> tuple[vlm.FrozenEncoder, Callable[[], nn.Module], Any, dict[str, Any]]:
     """(frozen encoder, factory of fresh base LMs, tokenizer, what to record in the task config)."""
     if p.model == "tiny":
         tok = vlm.word_tokenizer(vlm.prompt_words() + caption_words())
@@ -334,7 +336,7 @@ def build_task(preset: str) -> Task:
     members, nonmembers, test = private_splits(p, tok, layout)
     population = population_items(p, tok, layout, (members, nonmembers, test), N_POPULATION[preset])
     collate = make_collate(pid)
-    lora = dict(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout, targets=p.lora_targets)
+    lora: dict[str, Any] = dict(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout, targets=p.lora_targets)
 
     def assemble(projector_state: dict | None) -> vlm.SmallVLM:
         return vlm.build_vlm(copy.deepcopy(encoder), make_lm(), layout, side=p.side, projector_state=projector_state,
@@ -390,7 +392,8 @@ def _assemble(preset: str, p: Spec, build_model: Callable[[], vlm.SmallVLM], tok
     config = {**model_cfg, "prompt": vlm.PROMPT_PRE + "{image}" + vlm.PROMPT_POST, "side": p.side,
               "n_members": len(member_ds), "n_nonmembers": len(nonmember_ds), "n_test": len(test_ds),
               "client_sizes": [len(c) for c in parts], "gen_items": p.gen_items, "gen_tokens": p.gen_tokens,
-              "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
+              "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout,
+                       "targets": list(p.lora_targets)},
               "data_seed": p.data_seed, "model_seed": p.model_seed, **p.notes}
     return Task(scenario="vlm-caption", variant="", preset=preset, api=api, fl=p.fl, client_data=client_data,
                 test_data=test_ds, utility=utility, nonmembers=nonmember_ds, central_data=member_ds,
@@ -406,7 +409,8 @@ class CocoItems(Dataset):
     """MSCOCO examples whose images are read (and resized to 224 px) on access; one training caption each."""
 
     def __init__(self, rows: Sequence[dict], root: Path, tokenizer, layout: vlm.PromptLayout, max_caption_tokens: int):
-        self.rows, self.root, self.tok, self.layout, self.max_tokens = list(rows), root, tokenizer, layout, max_caption_tokens
+        self.rows, self.root, self.tok = list(rows), root, tokenizer
+        self.layout, self.max_tokens = layout, max_caption_tokens
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -419,7 +423,8 @@ class CocoItems(Dataset):
         from PIL import Image
 
         r = self.rows[i]
-        im = Image.open(self.root / r["filepath"] / r["filename"]).convert("RGB").resize((224, 224), Image.Resampling.BICUBIC)
+        im = Image.open(self.root / r["filepath"] / r["filename"]).convert("RGB")
+        im = im.resize((224, 224), Image.Resampling.BICUBIC)
         refs = [s["raw"].strip() for s in r["sentences"]]
         ids, cmask = self.layout.encode(vlm.caption_token_ids(self.tok, refs[0]), self.max_tokens)
         return {"image": torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).float() / 255.0, "input_ids": ids,
@@ -447,11 +452,11 @@ def _paper_task(p: Spec) -> Task:
     n_vis = (224 // 16) ** 2  # CLIP ViT-B/16 patch tokens
     layout = vlm.make_layout(tok, n_vis, pid)
     connector.requires_grad_(False)
-    lora = dict(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout, targets=p.lora_targets)
+    lora: dict[str, Any] = dict(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout, targets=p.lora_targets)
 
     def build_model() -> vlm.SmallVLM:
-        return vlm.SmallVLM(tower, copy.deepcopy(connector), llm.add_lora(copy.deepcopy(lm_base), seed=p.model_seed, **lora),
-                            layout, features=vlm.clip_patch_features(cfg))
+        lm = llm.add_lora(copy.deepcopy(lm_base), seed=p.model_seed, **lora)
+        return vlm.SmallVLM(tower, copy.deepcopy(connector), lm, layout, features=vlm.clip_patch_features(cfg))
 
     def ds(rs):
         return CocoItems(rs, folder, tok, layout, p.max_caption_tokens)
@@ -478,7 +483,8 @@ def _paper_task(p: Spec) -> Task:
     config = {"model": vlm.TINYLLAVA_ID, "model_revision": vlm.TINYLLAVA_REVISION,
               "data": f"MSCOCO 2014, Karpathy split ({PAPER_DATA_ENV})", "n_members": len(members),
               "n_nonmembers": len(nonmembers), "n_test": len(test), "client_sizes": [len(c) for c in parts],
-              "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
+              "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout,
+                       "targets": list(p.lora_targets)},
               "prompt": vlm.PROMPT_PRE + "{image}" + vlm.PROMPT_POST, "data_seed": p.data_seed,
               "model_seed": p.model_seed, **p.notes}
     return Task(scenario="vlm-caption", variant="", preset="paper", api=api, fl=p.fl,
