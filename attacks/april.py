@@ -19,6 +19,7 @@ Without the positional-embedding gradient (the fixed-position defense) the patch
 separated: the attack returns the zero (mean) image with ``details["failed"]`` set. FLRSP's random
 zeros corrupt both sides of the system and the solution degrades ([FLRSP] s.4.3.1).
 """
+
 from __future__ import annotations
 
 import math
@@ -118,8 +119,13 @@ class April(Attack):
         sol = torch.linalg.lstsq(gz.T, gw_mat, driver=self.driver)
         patches = sol.solution  # [N, C*p*p], row i = patch i in row-major grid order
         img = patches.reshape(gh, gw, c, p, p).permute(2, 0, 3, 1, 4).reshape(c, h, w).float()
-        info = {"rank": int(sol.rank), "patches": n, "embed_dim": d, "prefix_tokens": prefix,
-                "underdetermined": bool(int(sol.rank) < n)}
+        info = {
+            "rank": int(sol.rank),
+            "patches": n,
+            "embed_dim": d,
+            "prefix_tokens": prefix,
+            "underdetermined": bool(int(sol.rank) < n),
+        }
         return img, info
 
 

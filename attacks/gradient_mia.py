@@ -9,6 +9,7 @@ tree classifier (scikit-learn's, standing in for the paper's XGBoost) is trained
 non-members; score = P(member). ``neg_grad_norm`` (minus the total gradient norm, no training needed)
 is reported beside it: members sit nearer a minimum of the loss.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,9 +56,17 @@ class GradientMIA(Attack):
         if obs.model is None:
             raise ValueError(f"gradient_mia needs a model in the observation (view {obs.view!r})")
         steps = loss_timesteps(obs.api, self.timesteps)
-        feats, _ = per_sample_grad_norms(obs.api, obs.model, items, batch_size=self.batch_size, timesteps=steps,
-                                         use_vmap=self.use_vmap, desc=f"gradient_mia {what}", seed=obs.seed,
-                                         cache=obs.signals)
+        feats, _ = per_sample_grad_norms(
+            obs.api,
+            obs.model,
+            items,
+            batch_size=self.batch_size,
+            timesteps=steps,
+            use_vmap=self.use_vmap,
+            desc=f"gradient_mia {what}",
+            seed=obs.seed,
+            cache=obs.signals,
+        )
         return feats
 
     def run(self, obs: Observation, candidates: Sequence[Any] | None) -> Scores:
@@ -68,13 +77,17 @@ class GradientMIA(Attack):
             raise ValueError("gradient_mia needs candidates to score")
         aux_m, aux_n = aux_sets(obs, "gradient_mia")
         fa, fc = self.norms(obs, aux_m + aux_n, "aux"), self.norms(obs, items, "candidates")
-        fm, fn = fa[:len(aux_m)], fa[len(aux_m):]
+        fm, fn = fa[: len(aux_m)], fa[len(aux_m) :]
         x = np.concatenate([gradient_features(fm), gradient_features(fn)])
         y = np.concatenate([np.ones(len(fm)), np.zeros(len(fn))])
         from sklearn.ensemble import GradientBoostingClassifier  # lazy (start-up)
 
-        clf = GradientBoostingClassifier(n_estimators=self.n_estimators, max_depth=self.max_depth,
-                                         learning_rate=self.learning_rate, random_state=obs.seed)
+        clf = GradientBoostingClassifier(
+            n_estimators=self.n_estimators,
+            max_depth=self.max_depth,
+            learning_rate=self.learning_rate,
+            random_state=obs.seed,
+        )
         clf.fit(x, y)
         p = torch.from_numpy(clf.predict_proba(gradient_features(fc))[:, 1])
         return Scores({"gsa": p, "neg_grad_norm": -fc.norm(dim=1)}, primary="gsa")

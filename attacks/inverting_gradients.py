@@ -39,6 +39,7 @@ Modelling choices (documented for the leaderboard reader):
   (Geiping et al. 2020, s.5), which assumes a plain-SGD client.
 - The loss is the cross-entropy of an image classifier (the image-cls scenarios' task loss).
 """
+
 from __future__ import annotations
 
 import copy
@@ -113,8 +114,9 @@ def classifier_names(model: nn.Module, num_classes: int | None) -> tuple[str | N
     return w, (b if b in params and params[b].dim() == 1 else None)
 
 
-def infer_labels(grads: Mapping[str, Tensor], model: nn.Module, num_classes: int | None,
-                 num: int) -> tuple[Tensor, str]:
+def infer_labels(
+    grads: Mapping[str, Tensor], model: nn.Module, num_classes: int | None, num: int
+) -> tuple[Tensor, str]:
     """Labels from the last layer's gradient (iDLG, Zhao et al. 2020; Yin et al. 2021 for ``num > 1``).
 
     With softmax cross-entropy the bias gradient is ``p - onehot(y)``: only the true class is
@@ -261,8 +263,10 @@ class InvertingGradients(Attack):
     def run_batch(self, observations: Sequence[Observation]) -> list[Reconstructions]:
         """Reconstruct every observation's inputs, one target at a time (module doc: jointly
         optimising targets with ``vmap`` was slower per target-iteration on ResNet34 and the ViT)."""
-        return [self._optimise(self._prepare(o))  # the unit's main loop: the run's bar follows the targets
-                for o in progress(observations, desc="targets", leave=False, unit=True)]
+        return [
+            self._optimise(self._prepare(o))  # the unit's main loop: the run's bar follows the targets
+            for o in progress(observations, desc="targets", leave=False, unit=True)
+        ]
 
     # -- preparation ------------------------------------------------------------------------
 
@@ -286,8 +290,19 @@ class InvertingGradients(Attack):
         mode = self.model_mode if self.model_mode != "auto" else "train"
         if mode not in ("train", "eval"):
             raise ValueError(f"model_mode must be train or eval, got {mode!r}")
-        return _Job(obs, {n: targets[n] for n in names}, masks, labels, source, info, names, batch, unroll,
-                    float(info.get("lr", 1.0)), mode)
+        return _Job(
+            obs,
+            {n: targets[n] for n in names},
+            masks,
+            labels,
+            source,
+            info,
+            names,
+            batch,
+            unroll,
+            float(info.get("lr", 1.0)),
+            mode,
+        )
 
     # -- the optimisation, one target at a time ----------------------------------------------
 
@@ -313,9 +328,17 @@ class InvertingGradients(Attack):
             results.append((run.final_loss(), run.X.detach()))
         losses = [m for m, _ in results]
         best = min(range(len(results)), key=losses.__getitem__)
-        details = {"gradient_cosine_loss": losses[best], "restart_losses": losses, "iterations": its,
-                   "label_source": job.label_source, "model_mode": run.mode_note, "matched_params": len(job.names),
-                   "message_kind": job.info["kind"], "unrolled_steps": job.unroll, "mask_zeros": self.mask_zeros}
+        details = {
+            "gradient_cosine_loss": losses[best],
+            "restart_losses": losses,
+            "iterations": its,
+            "label_source": job.label_source,
+            "model_mode": run.mode_note,
+            "matched_params": len(job.names),
+            "message_kind": job.info["kind"],
+            "unrolled_steps": job.unroll,
+            "mask_zeros": self.mask_zeros,
+        }
         return Reconstructions(images=results[best][1].clone(), labels=job.labels.clone(), details=details)
 
     def start(self, job: _Job, *, restart: int, iterations: int) -> _Run:
@@ -332,17 +355,31 @@ class InvertingGradients(Attack):
         p0 = {n: params[n].requires_grad_(True) for n in job.names}  # only matched tensors get gradients
         device = next(iter(p0.values())).device
         lo, hi = (b.to(device) for b in box(api, shape[0]))
-        match = _Matcher([job.targets[n].to(device) for n in job.names],
-                         [job.masks[n].to(device) for n in job.names] if job.masks is not None else None,
-                         per_param=self.similarity == "per_param")
+        match = _Matcher(
+            [job.targets[n].to(device) for n in job.names],
+            [job.masks[n].to(device) for n in job.names] if job.masks is not None else None,
+            per_param=self.similarity == "per_param",
+        )
         x0 = self._init((job.batch, *shape), job.obs.seed, restart, lo, hi).to(device)
         X = nn.Parameter(torch.max(torch.min(x0, hi), lo) if self.boxed else x0)
         opt = torch.optim.Adam([X], lr=self.lr)
         its = iterations
-        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[its * 3 // 8, its * 5 // 8, its * 7 // 8],
-                                                     gamma=0.1) if self.lr_decay else None
-        return _Run(self, _SimulatedUpdate(model, p0, unroll=job.unroll, lr=job.lr), match, job.labels.to(device),
-                    X, opt, sched, (lo, hi) if self.boxed else None, mode_note)
+        sched = (
+            torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[its * 3 // 8, its * 5 // 8, its * 7 // 8], gamma=0.1)
+            if self.lr_decay
+            else None
+        )
+        return _Run(
+            self,
+            _SimulatedUpdate(model, p0, unroll=job.unroll, lr=job.lr),
+            match,
+            job.labels.to(device),
+            X,
+            opt,
+            sched,
+            (lo, hi) if self.boxed else None,
+            mode_note,
+        )
 
 
 @dataclass
@@ -363,8 +400,11 @@ class _Run:
         X = self.X
         _, used, vs = self.match.cotangents(self.update(X, self.y))
         keep = [k for k, u in enumerate(used) if u.requires_grad]  # a parameter the input cannot reach has none
-        gx = torch.autograd.grad([used[k] for k in keep], [X], grad_outputs=[vs[k] for k in keep])[0] \
-            if keep else torch.zeros_like(X)
+        gx = (
+            torch.autograd.grad([used[k] for k in keep], [X], grad_outputs=[vs[k] for k in keep])[0]
+            if keep
+            else torch.zeros_like(X)
+        )
         if self.attack.tv:  # the TV term's gradient in closed form: no autograd graph for it
             gx.add_(total_variation_grad(X.detach()), alpha=self.attack.tv)
         X.grad = gx.sign_() if self.attack.signed else gx
@@ -392,13 +432,21 @@ class _SimulatedUpdate:
         with torch.enable_grad():
             if self.unroll <= 1:  # the model's own parameters: no functional_call indirection
                 loss = F.cross_entropy(self.model(x), y)
-                return list(torch.autograd.grad(loss, list(self.p0.values()), create_graph=create_graph,
-                                                allow_unused=True, materialize_grads=True))
+                return list(
+                    torch.autograd.grad(
+                        loss,
+                        list(self.p0.values()),
+                        create_graph=create_graph,
+                        allow_unused=True,
+                        materialize_grads=True,
+                    )
+                )
             p = self.p0
             for _ in range(self.unroll):  # the client's local SGD steps on its (single) batch
                 loss = F.cross_entropy(functional_call(self.model, p, (x,), strict=False), y)
-                g = torch.autograd.grad(loss, list(p.values()), create_graph=True, allow_unused=True,
-                                        materialize_grads=True)
+                g = torch.autograd.grad(
+                    loss, list(p.values()), create_graph=True, allow_unused=True, materialize_grads=True
+                )
                 p = {n: w - self.lr * gi for (n, w), gi in zip(p.items(), g)}
             return [(self.p0[n] - p[n]) / (self.lr * self.unroll) for n in self.p0]
 

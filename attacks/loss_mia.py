@@ -11,6 +11,7 @@ a learned attack model h' on the loss signal.
   Its input is the per-sample loss signal (the loss, or the per-timestep loss vector), standardised
   with the attacker's aux statistics.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,11 +50,19 @@ def balanced_batches(n_m: int, n_nm: int, half: int, rng: np.random.Generator) -
     steps = int(np.ceil(max(n_m, n_nm) / half))
     pm = np.resize(rng.permutation(n_m), steps * half)
     pn = np.resize(rng.permutation(n_nm), steps * half)
-    return [(pm[i * half:(i + 1) * half], pn[i * half:(i + 1) * half]) for i in range(steps)]
+    return [(pm[i * half : (i + 1) * half], pn[i * half : (i + 1) * half]) for i in range(steps)]
 
 
-def fit_attack_mlp(x_members: Tensor, x_nonmembers: Tensor, *, hidden: Sequence[int] = (512, 256),
-                   epochs: int = 100, lr: float = 1e-5, batch_size: int = 32, seed: int = 0):
+def fit_attack_mlp(
+    x_members: Tensor,
+    x_nonmembers: Tensor,
+    *,
+    hidden: Sequence[int] = (512, 256),
+    epochs: int = 100,
+    lr: float = 1e-5,
+    batch_size: int = 32,
+    seed: int = 0,
+):
     """Train h' on aux members (label 1) vs aux non-members (label 0); returns ``x -> P(member)``.
 
     Inputs are standardised with the aux mean / std; cross-entropy on the 2-way softmax, Adam.
@@ -89,8 +98,10 @@ def aux_sets(obs: Observation, attack: str) -> tuple[list[Any], list[Any]]:
     m = list(obs.public.aux_members)
     n = list(obs.public.aux_nonmembers)
     if not m or not n:
-        raise ValueError(f"{attack} needs attacker-known labelled data: obs.public.aux_members and "
-                         f"obs.public.aux_nonmembers (got {len(m)} and {len(n)} items)")
+        raise ValueError(
+            f"{attack} needs attacker-known labelled data: obs.public.aux_members and "
+            f"obs.public.aux_nonmembers (got {len(m)} and {len(n)} items)"
+        )
     return m, n
 
 
@@ -132,8 +143,16 @@ class LossMIA(Attack):
         steps = loss_timesteps(obs.api, self.timesteps)
 
         def losses(xs: list[Any], what: str) -> Tensor:  # seeded by the cell; shared through obs.signals
-            return per_sample_losses(obs.api, target, xs, batch_size=self.batch_size, timesteps=steps,
-                                     desc=f"loss_mia {what}", seed=obs.seed, cache=obs.signals)
+            return per_sample_losses(
+                obs.api,
+                target,
+                xs,
+                batch_size=self.batch_size,
+                timesteps=steps,
+                desc=f"loss_mia {what}",
+                seed=obs.seed,
+                cache=obs.signals,
+            )
 
         cand = losses(items, "candidates")
         scores: dict[str, Tensor] = {"neg_loss": -cand.mean(1)}
@@ -143,7 +162,14 @@ class LossMIA(Attack):
             return Scores(scores, primary="neg_loss")
         aux_m, aux_n = aux_sets(obs, "loss_mia:method=proxy")
         aux = losses(aux_m + aux_n, "aux")  # one call: the same as the harness's aux pass of the threshold
-        predict = fit_attack_mlp(aux[:len(aux_m)], aux[len(aux_m):], hidden=self.hidden, epochs=self.epochs,
-                                 lr=self.lr, batch_size=self.train_batch, seed=obs.seed)
+        predict = fit_attack_mlp(
+            aux[: len(aux_m)],
+            aux[len(aux_m) :],
+            hidden=self.hidden,
+            epochs=self.epochs,
+            lr=self.lr,
+            batch_size=self.train_batch,
+            seed=obs.seed,
+        )
         scores = {"proxy": predict(cand), **scores}
         return Scores(scores, primary="proxy")

@@ -13,6 +13,7 @@ MaxRényi-10% alone as its headline in the ablation (Table 3); it does not state
 use alpha = 0.5 as their main setting, so K = 10, alpha = 0.5. The part is the caption/text slice
 ("caption", then "text", then the first slice with targets), where [FedRand] Table 4 finds the signal.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,9 @@ from bench.types import Attack, Observation, Scores, TaskSpec
 DEFAULT_KS = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100)
 
 
-def part_scores(part: str, sig: PartSignals, *, alphas: Sequence[float], ks: Sequence[int],
-                mod_alphas: Sequence[float]) -> dict[str, torch.Tensor]:
+def part_scores(
+    part: str, sig: PartSignals, *, alphas: Sequence[float], ks: Sequence[int], mod_alphas: Sequence[float]
+) -> dict[str, torch.Tensor]:
     """Every score of one slice from its per-token signals (higher = member): one sort per signal
     serves every K (``masked_topk_means``)."""
     out: dict[str, torch.Tensor] = {}
@@ -55,8 +57,12 @@ def slice_tokens(signals: dict[str, PartSignals]) -> dict[str, dict[str, float |
     out = {}
     for part, sig in signals.items():
         n = sig.mask.sum(1).double()
-        out[part] = {"mean": float(n.mean()), "min": float(n.min()), "max": float(n.max()),
-                     "candidates": int(n.numel())}
+        out[part] = {
+            "mean": float(n.mean()),
+            "min": float(n.min()),
+            "max": float(n.max()),
+            "candidates": int(n.numel()),
+        }
     return out
 
 
@@ -85,8 +91,10 @@ class MaxRenyi(Attack):
         if any(not 0 <= k <= 100 for k in self.ks):
             raise ValueError(f"K values must be in [0, 100], got {self.ks}")
         if self.primary_k not in self.ks or self.primary_alpha not in self.alphas:
-            raise ValueError(f"primary K={self.primary_k}, alpha={self.primary_alpha} must be among "
-                             f"ks={self.ks} and alphas={self.alphas}")
+            raise ValueError(
+                f"primary K={self.primary_k}, alpha={self.primary_alpha} must be among "
+                f"ks={self.ks} and alphas={self.alphas}"
+            )
 
     def applies(self, task: TaskSpec) -> str | None:
         if not task.parts:  # the LM logits' slices: declared iff api.logits
@@ -114,17 +122,28 @@ class MaxRenyi(Attack):
         if not items:
             raise ValueError("max_renyi needs candidates to score")
         parts = list(obs.api.parts or ("text",))
-        signals = token_signals(obs.api, obs.model, items, alphas=self.alphas, mod_alphas=self.mod_alphas,
-                                batch_size=self.batch_size, chunk_rows=self.chunk_rows, parts=parts,
-                                desc=f"max_renyi {obs.view}", cache=obs.signals)
+        signals = token_signals(
+            obs.api,
+            obs.model,
+            items,
+            alphas=self.alphas,
+            mod_alphas=self.mod_alphas,
+            batch_size=self.batch_size,
+            chunk_rows=self.chunk_rows,
+            parts=parts,
+            desc=f"max_renyi {obs.view}",
+            cache=obs.signals,
+        )
         scores: dict[str, torch.Tensor] = {}
         for part in parts:
-            scores.update(part_scores(part, signals[part], alphas=self.alphas, ks=self.ks,
-                                      mod_alphas=self.mod_alphas))
+            scores.update(part_scores(part, signals[part], alphas=self.alphas, ks=self.ks, mod_alphas=self.mod_alphas))
         part = self.choose_part(parts, signals)
         primary = f"maxrenyi_K{self.primary_k}_a{alpha_name(self.primary_alpha)}_{part}"
         # [FedRand] Table 4's scores (MaxRenyi-0% and -10% on every slice) keep their per-candidate values
-        keep = tuple(n for n in (f"maxrenyi_K{k}_a{alpha_name(self.primary_alpha)}_{p}" for p in parts for k in (0, 10))
-                     if n in scores)
+        keep = tuple(
+            n
+            for n in (f"maxrenyi_K{k}_a{alpha_name(self.primary_alpha)}_{p}" for p in parts for k in (0, 10))
+            if n in scores
+        )
         tokens = slice_tokens({p: signals[p] for p in parts})  # what K% of each slice means, for the record
         return Scores(scores, primary=primary, keep=keep, details={"slice_tokens": tokens})

@@ -15,6 +15,7 @@ LiRA offline ([LiRA]): phi = log(p / (1 - p)) (logit scaling), a Gaussian N(mu_x
 over the OUT reference models' phi(x); one-sided test, score = log Pr[N(mu_x, sigma^2) <= phi_target(x)].
 With few reference models sigma is the global one (std of every reference phi, [LiRA]'s fixed variance).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,8 +36,9 @@ def offline_pr(p_refs: Tensor, a: float) -> Tensor:
     return 0.5 * ((1.0 + a) * p_refs.double().mean(1) + (1.0 - a))
 
 
-def rmia_scores(p_target: Tensor, p_refs: Tensor, pz_target: Tensor, pz_refs: Tensor, *, a: float,
-                gamma: float) -> Tensor:
+def rmia_scores(
+    p_target: Tensor, p_refs: Tensor, pz_target: Tensor, pz_refs: Tensor, *, a: float, gamma: float
+) -> Tensor:
     """[N] RMIA scores: for each x, the fraction of z with LR(x, z) >= gamma (computed in log space)."""
     rx = torch.log(p_target.double()) - torch.log(offline_pr(p_refs, a))
     rz = torch.log(pz_target.double()) - torch.log(offline_pr(pz_refs, a))
@@ -77,8 +79,10 @@ class RMIA(Attack):
 
     views = ("global_model", "client_model", "released_model")
     kind = "membership"
-    paper = ("[RMIA] (Zarifzadeh et al. 2024), offline RMIA; [LiRA] (Carlini et al. 2022) offline LiRA as a "
-             "variant; reference models trained on population data with the target's recipe")
+    paper = (
+        "[RMIA] (Zarifzadeh et al. 2024), offline RMIA; [LiRA] (Carlini et al. 2022) offline LiRA as a "
+        "variant; reference models trained on population data with the target's recipe"
+    )
     uses_reference = True  # the harness puts a bench.reference.Reference in obs.reference
 
     def applies(self, task: TaskSpec) -> str | None:
@@ -97,8 +101,16 @@ class RMIA(Attack):
         z = obs.reference.population(self.n_population)
 
         def losses(model, xs: list[Any], what: str) -> Tensor:  # seeded by the cell; shared through obs.signals
-            return per_sample_losses(obs.api, model, xs, batch_size=self.batch_size, timesteps=steps,
-                                     desc=f"rmia {what}", seed=obs.seed, cache=obs.signals).mean(1)
+            return per_sample_losses(
+                obs.api,
+                model,
+                xs,
+                batch_size=self.batch_size,
+                timesteps=steps,
+                desc=f"rmia {what}",
+                seed=obs.seed,
+                cache=obs.signals,
+            ).mean(1)
 
         lx, lz = losses(obs.model, items, "candidates"), losses(obs.model, z, "z")
         lx_refs = torch.stack([losses(m, items, f"ref{r} candidates") for r, m in enumerate(refs)], 1)
@@ -106,8 +118,9 @@ class RMIA(Attack):
         p = lambda loss: torch.exp(-loss)  # noqa: E731 - p(x | theta), module doc
         scores = {
             "rmia": rmia_scores(p(lx), p(lx_refs), p(lz), p(lz_refs), a=self.a, gamma=self.gamma),
-            "lira_offline": lira_offline_scores(logit_from_loss(lx), logit_from_loss(lx_refs),
-                                                global_variance=self.lira_global_variance),
+            "lira_offline": lira_offline_scores(
+                logit_from_loss(lx), logit_from_loss(lx_refs), global_variance=self.lira_global_variance
+            ),
             "neg_loss": -lx,
         }
         return Scores(scores, primary="rmia", keep=("lira_offline",))

@@ -9,6 +9,7 @@ Abadi et al. 2016 / McMahan et al. 2018 for client-level DP-FedAvg) is valid at 
 one "step" is one round, ``sample_rate`` = clients_per_round / num_clients, and
 ``noise_multiplier`` = noise std / L2 sensitivity of a whole client message.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,12 @@ from typing import Any, Sequence
 
 # RDP orders: opacus' defaults (1.1 ... 10.9, 12 ... 63) extended towards 1 and upwards, so that the optimum
 # is interior both for the weak-noise regime of large-epsilon papers and for strong noise.
-RDP_ALPHAS: list[float] = ([1.01, 1.02, 1.05] + [1 + x / 10.0 for x in range(1, 100)]
-                           + [float(a) for a in range(12, 64)] + [64.0, 96.0, 128.0, 256.0, 512.0, 1024.0])
+RDP_ALPHAS: list[float] = (
+    [1.01, 1.02, 1.05]
+    + [1 + x / 10.0 for x in range(1, 100)]
+    + [float(a) for a in range(12, 64)]
+    + [64.0, 96.0, 128.0, 256.0, 512.0, 1024.0]
+)
 
 
 def _check_delta(delta: float) -> None:
@@ -58,8 +63,9 @@ def combined_noise_multiplier(sensitivities: Sequence[float], sigmas: Sequence[f
     return math.inf if total == 0 else 1.0 / math.sqrt(total)
 
 
-def composed_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float,
-                     *, accountant: str = "rdp") -> float:
+def composed_epsilon(
+    noise_multiplier: float, sample_rate: float, steps: int, delta: float, *, accountant: str = "rdp"
+) -> float:
     """Epsilon after ``steps`` sampled Gaussian releases (opacus accountant, default RDP)."""
     _check_delta(delta)
     if not 0.0 < sample_rate <= 1.0:
@@ -79,8 +85,9 @@ def composed_epsilon(noise_multiplier: float, sample_rate: float, steps: int, de
     return max(0.0, float(acc.get_epsilon(delta=delta, **_accountant_kwargs(accountant))))
 
 
-def noise_multiplier_for(epsilon: float, delta: float, sample_rate: float, steps: int,
-                         *, accountant: str = "rdp") -> float:
+def noise_multiplier_for(
+    epsilon: float, delta: float, sample_rate: float, steps: int, *, accountant: str = "rdp"
+) -> float:
     """Smallest noise multiplier (opacus binary search, tolerance 0.01 in epsilon) reaching ``epsilon``
     after ``steps`` releases at ``sample_rate``."""
     _check_delta(delta)
@@ -88,16 +95,25 @@ def noise_multiplier_for(epsilon: float, delta: float, sample_rate: float, steps
         raise ValueError(f"epsilon must be > 0, got {epsilon}")
     from opacus.accountants.utils import get_noise_multiplier  # lazy (start-up)
 
-    return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
-                                      steps=int(steps), accountant=accountant, **_accountant_kwargs(accountant)))
+    return float(
+        get_noise_multiplier(
+            target_epsilon=epsilon,
+            target_delta=delta,
+            sample_rate=sample_rate,
+            steps=int(steps),
+            accountant=accountant,
+            **_accountant_kwargs(accountant),
+        )
+    )
 
 
 def _accountant_kwargs(accountant: str) -> dict:
     return {"alphas": RDP_ALPHAS} if accountant == "rdp" else {}
 
 
-def privacy_record(defense: Any, *, delta: float, rounds: int, sample_rate: float,
-                   names: Sequence[str] | None, n_samples: int) -> dict[str, Any]:
+def privacy_record(
+    defense: Any, *, delta: float, rounds: int, sample_rate: float, names: Sequence[str] | None, n_samples: int
+) -> dict[str, Any]:
     """The ``privacy`` block of a result record, from accountant inputs the harness computed.
 
     ``epsilon_composed`` assumes amplification by client sampling (``sample_rate`` < 1), which holds
@@ -106,8 +122,16 @@ def privacy_record(defense: Any, *, delta: float, rounds: int, sample_rate: floa
     """
     eps = defense.epsilon(delta=delta)
     if eps is None:
-        return {"epsilon": None, "epsilon_composed": None, "epsilon_composed_no_amplification": None,
-                "delta": None, "sample_rate": None, "rounds": None, "sensitivity": "", "note": ""}
+        return {
+            "epsilon": None,
+            "epsilon_composed": None,
+            "epsilon_composed_no_amplification": None,
+            "delta": None,
+            "sample_rate": None,
+            "rounds": None,
+            "sensitivity": "",
+            "note": "",
+        }
 
     def composed(rate: float) -> float | None:
         return defense.epsilon_composed(delta=delta, rounds=rounds, sample_rate=rate, names=names)
@@ -115,6 +139,13 @@ def privacy_record(defense: Any, *, delta: float, rounds: int, sample_rate: floa
     comp = composed(sample_rate)
     no_amp = comp if sample_rate == 1.0 else composed(1.0)
     note = f"delta={delta:g} >= 1/n: no meaningful guarantee" if delta >= 1.0 / max(1, n_samples) else ""
-    return {"epsilon": eps, "epsilon_composed": comp, "epsilon_composed_no_amplification": no_amp,
-            "delta": delta, "sample_rate": sample_rate, "rounds": int(rounds),
-            "sensitivity": defense.sensitivity_note(), "note": note}
+    return {
+        "epsilon": eps,
+        "epsilon_composed": comp,
+        "epsilon_composed_no_amplification": no_amp,
+        "delta": delta,
+        "sample_rate": sample_rate,
+        "rounds": int(rounds),
+        "sensitivity": defense.sensitivity_note(),
+        "note": note,
+    }

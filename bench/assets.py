@@ -1,4 +1,5 @@
 """Where cached assets live, and the error for a missing offline asset."""
+
 from __future__ import annotations
 
 import os
@@ -22,4 +23,5 @@ def hub_missing(hub_id: str, revision: str, what: str = "model") -> AssetMissing
         f"the paper preset needs the {what} {hub_id!r} at revision {revision!r} in the local Hugging Face cache "
         f"(offline mode). Fetch it on a machine with hub access: "
         f"`huggingface-cli download {hub_id} --revision {revision}` and copy ~/.cache/huggingface here, "
-        f"or set HF_HOME to a cache that holds it.")
+        f"or set HF_HOME to a cache that holds it."
+    )

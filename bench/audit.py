@@ -22,6 +22,7 @@ treating them as independent trials; that is a heuristic (candidates share the r
 seed), so the bound is an empirical audit, not a proof. A rigorous one-run audit (Steinke, Nasr & Jagielski,
 "Privacy Auditing with One (1) Training Run", NeurIPS 2023) needs canaries included at random: not built.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,12 +37,12 @@ DEFAULT_DELTA = 1e-5  # the delta used to audit a defense that claims no (epsilo
 class EpsilonBound:
     """An audited epsilon lower bound with the test that achieved it."""
 
-    value: float               # the lower bound (>= 0)
-    confidence: float          # the whole bound's confidence, Bonferroni-corrected over ``n_tests``
+    value: float  # the lower bound (>= 0)
+    confidence: float  # the whole bound's confidence, Bonferroni-corrected over ``n_tests``
     delta: float
-    threshold: float | None    # None: no threshold gave a positive bound
-    form: str                  # "member>=t" or "complement" (non-member iff score < t)
-    tpr_low: float | None      # the rates' confidence bounds at that threshold (of the form's test)
+    threshold: float | None  # None: no threshold gave a positive bound
+    form: str  # "member>=t" or "complement" (non-member iff score < t)
+    tpr_low: float | None  # the rates' confidence bounds at that threshold (of the form's test)
     fpr_high: float | None
     n_members: int
     n_nonmembers: int
@@ -75,8 +76,7 @@ def cp_upper(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
     return np.where(k >= n, 1.0, out)
 
 
-def epsilon_lower_bound(scores, members, *, delta: float, confidence: float = 0.95,
-                        tests: int = 1) -> EpsilonBound:
+def epsilon_lower_bound(scores, members, *, delta: float, confidence: float = 0.95, tests: int = 1) -> EpsilonBound:
     """The audited lower bound on epsilon at ``delta`` from per-candidate ``scores`` (higher = member) and
     0/1 ``members``; ``tests`` > 1 widens the Bonferroni correction for a caller that takes the maximum of
     ``tests`` such bounds (e.g. the strongest of several attacks)."""
@@ -105,16 +105,19 @@ def epsilon_lower_bound(scores, members, *, delta: float, confidence: float = 0.
     a = (1.0 - confidence) / (2.0 * m)  # each rate's one-sided error, Bonferroni over m tests
     tp = n1 - np.searchsorted(np.sort(pos), thr, side="left")  # members with score >= t
     fp = n0 - np.searchsorted(np.sort(neg), thr, side="left")
-    cands = (("member>=t", cp_lower(tp, n1, a), cp_upper(fp, n0, a)),       # P[S|m] <= e^eps P[S|n] + delta
-             ("complement", cp_lower(n0 - fp, n0, a), cp_upper(n1 - tp, n1, a)))  # roles swapped, S^c
+    cands = (
+        ("member>=t", cp_lower(tp, n1, a), cp_upper(fp, n0, a)),  # P[S|m] <= e^eps P[S|n] + delta
+        ("complement", cp_lower(n0 - fp, n0, a), cp_upper(n1 - tp, n1, a)),
+    )  # roles swapped, S^c
     best = empty
     for form, lo, hi in cands:
         with np.errstate(divide="ignore", invalid="ignore"):
             eps = np.where((lo - delta > 0) & (hi > 0), np.log(np.maximum(lo - delta, 1e-300) / hi), -np.inf)
         i = int(np.argmax(eps))
         if eps[i] > best.value:
-            best = EpsilonBound(float(eps[i]), confidence, delta, float(thr[i]), form, float(lo[i]), float(hi[i]),
-                                n1, n0, m)
+            best = EpsilonBound(
+                float(eps[i]), confidence, delta, float(thr[i]), form, float(lo[i]), float(hi[i]), n1, n0, m
+            )
     return best
 
 
@@ -128,5 +131,13 @@ def audit_delta(privacy_delta: float | None) -> float:
 def record_bound(per_candidate: dict, *, delta: float, attack: str, confidence: float = 0.95) -> dict:
     """The ``privacy.epsilon_lower_bound`` block of a membership record, from its per-candidate scores."""
     b = epsilon_lower_bound(per_candidate["score"], per_candidate["member"], delta=delta, confidence=confidence)
-    return {"value": b.value, "confidence": b.confidence, "delta": b.delta, "attack": attack,
-            "threshold": b.threshold, "form": b.form, "n_tests": b.n_tests, "correction": b.correction}
+    return {
+        "value": b.value,
+        "confidence": b.confidence,
+        "delta": b.delta,
+        "attack": attack,
+        "threshold": b.threshold,
+        "form": b.form,
+        "n_tests": b.n_tests,
+        "correction": b.correction,
+    }

@@ -3,6 +3,7 @@ it): vectorised AUROC and TPR at a fixed FPR, the hierarchical bootstrap (seeds,
 drawn seed; Efron & Tibshirani 1993, ch. 6), and its paired form, where two rows scored on the same candidates
 (``per_candidate.id``) share every resampling, so their difference has the paired interval.
 """
+
 from __future__ import annotations
 
 import math
@@ -98,8 +99,9 @@ def candidates(rec: dict, variant: str | None = None) -> dict[str, tuple[float, 
     return {str(i): (float(s), int(m)) for i, s, m in zip(ids, sc, y)}
 
 
-def paired_groups(recs_a: Sequence[dict], recs_b: Sequence[dict], *, variant_a: str | None = None,
-                  variant_b: str | None = None) -> list[PairedGroup] | None:
+def paired_groups(
+    recs_a: Sequence[dict], recs_b: Sequence[dict], *, variant_a: str | None = None, variant_b: str | None = None
+) -> list[PairedGroup] | None:
     """Per seed both rows have, the two rows' scores on their shared candidates, aligned by id (sorted ids);
     None when the rows cannot be paired (no ids, no shared seed, or no shared member / non-member)."""
     by_a = {r.get("seed", 0): candidates(r, variant_a) for r in recs_a}
@@ -114,13 +116,20 @@ def paired_groups(recs_a: Sequence[dict], recs_b: Sequence[dict], *, variant_a: 
         non = [i for i in shared if a[i][1] == 0 and b[i][1] == 0]
         if not mem or not non:
             continue
-        groups.append((np.array([a[i][0] for i in mem]), np.array([a[i][0] for i in non]),
-                       np.array([b[i][0] for i in mem]), np.array([b[i][0] for i in non])))
+        groups.append(
+            (
+                np.array([a[i][0] for i in mem]),
+                np.array([a[i][0] for i in non]),
+                np.array([b[i][0] for i in mem]),
+                np.array([b[i][0] for i in non]),
+            )
+        )
     return groups or None
 
 
-def paired_replicates(groups: list[PairedGroup], stat: Stat, rng: np.random.Generator,
-                      n_boot: int) -> tuple[np.ndarray, np.ndarray]:
+def paired_replicates(
+    groups: list[PairedGroup], stat: Stat, rng: np.random.Generator, n_boot: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Replicates of both rows' statistic (mean over drawn seeds) under one shared resampling: seeds, then the
     members and the non-members of each drawn seed (the same indices for both rows)."""
     k = len(groups)

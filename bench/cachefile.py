@@ -7,6 +7,7 @@ bytes once, checks size and checksum, and parses them with safetensors (which ca
 that fails any check is moved to a quarantine folder with the reason (never deleted) and reported; the
 caller rebuilds it. Legacy torch pickles (``<stem>.pt``) are read with ``weights_only=True`` only.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -88,8 +89,7 @@ def _read(stem: Path) -> tuple[Entry, list[Path]]:
     if not isinstance(head, dict) or head.get("format") != FORMAT or not isinstance(head.get("meta"), dict):
         raise CacheDamaged(f"{path.name}: not a format-{FORMAT} cache entry")
     name, digest, nbytes = head.get("tensors"), head.get("sha256"), head.get("nbytes")
-    if not (isinstance(name, str) and _TENSOR_FILE.match(name) and isinstance(digest, str)
-            and isinstance(nbytes, int)):
+    if not (isinstance(name, str) and _TENSOR_FILE.match(name) and isinstance(digest, str) and isinstance(nbytes, int)):
         raise CacheDamaged(f"{path.name}: malformed tensor reference {name!r}")
     tpath = stem.parent / name
     files.append(tpath)
@@ -133,8 +133,13 @@ def verify(stem: Path, *, quarantine_dir: Path) -> bool:
         return False
 
 
-def load(stem: Path, decode: Callable[[dict[str, Tensor], dict[str, Any]], T], *, quarantine_dir: Path,
-         legacy: tuple[Path, Callable[[Any], Entry]] | None = None) -> T | None:
+def load(
+    stem: Path,
+    decode: Callable[[dict[str, Tensor], dict[str, Any]], T],
+    *,
+    quarantine_dir: Path,
+    legacy: tuple[Path, Callable[[Any], Entry]] | None = None,
+) -> T | None:
     """``decode(tensors, meta)`` of the entry ``stem``, or None when there is none or it is damaged (then it
     is quarantined into ``quarantine_dir`` and the caller rebuilds it; a ``decode`` that raises counts as
     damage too). ``legacy`` = (a former torch file, a converter of its loaded object to (tensors, meta)):
@@ -156,8 +161,11 @@ def load(stem: Path, decode: Callable[[dict[str, Tensor], dict[str, Any]], T], *
             tensors, meta = convert(blob)
             value = decode(tensors, meta)
         except Exception as e:  # an unpickling refusal (planted code), truncation, or an unexpected layout
-            quarantine([old], quarantine_dir, f"legacy torch cache not loadable with weights_only=True, "
-                                              f"rebuilt: {type(e).__name__}: {e}")
+            quarantine(
+                [old],
+                quarantine_dir,
+                f"legacy torch cache not loadable with weights_only=True, rebuilt: {type(e).__name__}: {e}",
+            )
             return None
         save(stem, tensors, meta)
         return value

@@ -9,6 +9,7 @@ by pycocoevalcap's PTBTokenizer, which needs Java. CIDEr's document frequencies 
 the evaluated set itself (as in the COCO toolkit), so CIDEr values are comparable only across models scored
 on the same held-out set. Scores are reported in percent, as [FedRand] Table 1 does.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,9 +25,11 @@ from .types import ScenarioModel
 
 _WORD = re.compile(r"[a-z0-9]+(?:[-'][a-z0-9]+)*")
 # accepted spellings of each Fashion-MNIST class noun beside bench.captions' own (index -> phrases)
-CLASS_ALIASES: dict[int, tuple[str, ...]] = {0: ("t-shirt", "t shirt", "tshirt", "tee"),
-                                             1: ("pair of trousers", "trousers"),
-                                             9: ("ankle boot", "boot")}
+CLASS_ALIASES: dict[int, tuple[str, ...]] = {
+    0: ("t-shirt", "t shirt", "tshirt", "tee"),
+    1: ("pair of trousers", "trousers"),
+    9: ("ankle boot", "boot"),
+}
 
 
 def tokenize(text: str) -> str:
@@ -44,7 +47,8 @@ for _i, _name in enumerate(cap.CLASS_NAMES):
     for _ph in dict.fromkeys((_name,) + CLASS_ALIASES.get(_i, ())):
         _CLASS_PATTERNS.append((_i, _phrase_re(_ph)))
 _ATTR_PATTERNS: dict[str, list[tuple[str, re.Pattern]]] = {
-    "size": [(k, _phrase_re(k)) for k in cap.SIZES], "tint": [(k, _phrase_re(k)) for k in cap.TINTS],
+    "size": [(k, _phrase_re(k)) for k in cap.SIZES],
+    "tint": [(k, _phrase_re(k)) for k in cap.TINTS],
     "position": [(k, _phrase_re(k)) for k in cap.POSITIONS],
     "rotation": [(k, _phrase_re(k)) for k in cap.ROTATIONS],
 }
@@ -94,8 +98,9 @@ def caption_scores(references: Sequence[Sequence[str]], hypotheses: Sequence[str
     return out
 
 
-def grounding_scores(hypotheses: Sequence[str], labels: Sequence[int],
-                     attrs: Sequence[dict[str, Any]] | None = None) -> dict[str, float]:
+def grounding_scores(
+    hypotheses: Sequence[str], labels: Sequence[int], attrs: Sequence[dict[str, Any]] | None = None
+) -> dict[str, float]:
     """Exact class accuracy (the parsed class noun equals the image's class; a caption naming no class counts
     as wrong) and, when the true attributes are given, the accuracy of each stated attribute."""
     if len(hypotheses) != len(labels):
@@ -108,10 +113,15 @@ def grounding_scores(hypotheses: Sequence[str], labels: Sequence[int],
     return out
 
 
-def make_caption_utility(items: Sequence[dict[str, Any]], collate: Callable, *,
-                         generate: Callable[[ScenarioModel, Any], list[str]],
-                         loss_fn: Callable[[ScenarioModel, Any], tuple[torch.Tensor, torch.Tensor]], gen_items: int,
-                         batch_size: int = 16) -> Callable[[nn.Module], dict[str, float]]:
+def make_caption_utility(
+    items: Sequence[dict[str, Any]],
+    collate: Callable,
+    *,
+    generate: Callable[[ScenarioModel, Any], list[str]],
+    loss_fn: Callable[[ScenarioModel, Any], tuple[torch.Tensor, torch.Tensor]],
+    gen_items: int,
+    batch_size: int = 16,
+) -> Callable[[nn.Module], dict[str, float]]:
     """``utility(model)``: held-out caption loss / perplexity over ``items`` and caption metrics of greedy
     captions of the first ``gen_items`` of them. ``generate(model, batch) -> captions``; ``loss_fn(model,
     batch) -> (token nll, mask)``. Items carry "refs" (reference captions) and "label" ("attrs" optional);
@@ -129,11 +139,11 @@ def make_caption_utility(items: Sequence[dict[str, Any]], collate: Callable, *,
         try:
             with torch.no_grad():
                 for s in progress(range(0, len(items), batch_size), desc="utility caption loss", leave=False):
-                    nll, mask = loss_fn(model, collate(items[s:s + batch_size]))
+                    nll, mask = loss_fn(model, collate(items[s : s + batch_size]))
                     total += float(nll.sum())
                     count += int(mask.sum())
                 for s in progress(range(0, n_gen, batch_size), desc="utility captions", leave=False):
-                    chunk = items[s:min(s + batch_size, n_gen)]  # a lazy sequence loads only this chunk
+                    chunk = items[s : min(s + batch_size, n_gen)]  # a lazy sequence loads only this chunk
                     hyps.extend(generate(model, collate(chunk)))
                     refs.extend(list(it["refs"]) for it in chunk)
                     labels.extend(int(it.get("label", -1)) for it in chunk)

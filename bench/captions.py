@@ -13,6 +13,7 @@ No real image-caption set installs offline (docs/design.md s.3); the text-to-ima
 turns them into text, e.g. ``"a small red sneaker in the upper left, tilted left"``; ``render`` redraws
 a canvas from given attributes (deterministic).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -24,20 +25,42 @@ import torch.nn.functional as F
 from torch import Tensor
 
 # Fashion-MNIST label order (Xiao et al. 2017), as nouns that read well after "a <size> <tint>".
-CLASS_NAMES: tuple[str, ...] = ("t-shirt", "pair of trousers", "pullover", "dress", "coat", "sandal", "shirt",
-                                "sneaker", "bag", "ankle boot")
+CLASS_NAMES: tuple[str, ...] = (
+    "t-shirt",
+    "pair of trousers",
+    "pullover",
+    "dress",
+    "coat",
+    "sandal",
+    "shirt",
+    "sneaker",
+    "bag",
+    "ankle boot",
+)
 
 SIZES: dict[str, float] = {"small": 0.35, "medium": 0.5, "large": 0.65}  # item side / canvas side
 # (vertical, horizontal) grid coordinate in {0, 0.5, 1} -> phrase
 POSITIONS: dict[str, tuple[float, float]] = {
-    "in the upper left": (0.0, 0.0), "at the top": (0.0, 0.5), "in the upper right": (0.0, 1.0),
-    "on the left": (0.5, 0.0), "in the center": (0.5, 0.5), "on the right": (0.5, 1.0),
-    "in the lower left": (1.0, 0.0), "at the bottom": (1.0, 0.5), "in the lower right": (1.0, 1.0),
+    "in the upper left": (0.0, 0.0),
+    "at the top": (0.0, 0.5),
+    "in the upper right": (0.0, 1.0),
+    "on the left": (0.5, 0.0),
+    "in the center": (0.5, 0.5),
+    "on the right": (0.5, 1.0),
+    "in the lower left": (1.0, 0.0),
+    "at the bottom": (1.0, 0.5),
+    "in the lower right": (1.0, 1.0),
 }
 ROTATIONS: dict[str, float] = {"upright": 0.0, "tilted left": 25.0, "tilted right": -25.0}  # degrees, CCW > 0
 TINTS: dict[str, tuple[float, float, float]] = {
-    "red": (1.0, 0.15, 0.15), "green": (0.15, 0.9, 0.2), "blue": (0.2, 0.35, 1.0), "yellow": (1.0, 0.95, 0.15),
-    "cyan": (0.1, 0.9, 0.95), "magenta": (0.95, 0.2, 0.9), "orange": (1.0, 0.55, 0.05), "white": (1.0, 1.0, 1.0),
+    "red": (1.0, 0.15, 0.15),
+    "green": (0.15, 0.9, 0.2),
+    "blue": (0.2, 0.35, 1.0),
+    "yellow": (1.0, 0.95, 0.15),
+    "cyan": (0.1, 0.9, 0.95),
+    "magenta": (0.95, 0.2, 0.9),
+    "orange": (1.0, 0.55, 0.05),
+    "white": (1.0, 1.0, 1.0),
 }
 JITTER = 0.08  # max position jitter, as a fraction of the free space along each axis
 
@@ -101,7 +124,7 @@ def render(image28: np.ndarray | Tensor, attrs: Attributes, *, canvas: int = 32)
     x = _rotate(x, ROTATIONS[attrs.rotation]).clamp(0.0, 1.0)[0, 0]
     out = torch.zeros(3, canvas, canvas)
     tint = torch.tensor(TINTS[attrs.tint]).view(3, 1, 1)
-    out[:, attrs.top:attrs.top + attrs.pixels, attrs.left:attrs.left + attrs.pixels] = tint * x
+    out[:, attrs.top : attrs.top + attrs.pixels, attrs.left : attrs.left + attrs.pixels] = tint * x
     return out
 
 

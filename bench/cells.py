@@ -1,5 +1,6 @@
 """Running one attack cell: build the observation the attack declares, keep the ground truth here,
 score the attack (docs/design.md s.2, s.5)."""
+
 from __future__ import annotations
 
 import copy
@@ -108,12 +109,14 @@ def split_candidates(n_members: int, n_nonmembers: int, max_per_side: int, seed:
     reserve = aux_reserve(max_per_side)
     e = min(max_per_side, n_members - reserve, n_nonmembers - reserve)
     if e < 8:
-        raise ValueError(f"too few candidates for a membership cell: {n_members} members and {n_nonmembers} "
-                         f"non-members leave {e} per side after the attacker's {reserve}; need at least 8")
+        raise ValueError(
+            f"too few candidates for a membership cell: {n_members} members and {n_nonmembers} "
+            f"non-members leave {e} per side after the attacker's {reserve}; need at least 8"
+        )
     rng = np.random.default_rng([seed, 0x4D49])  # the seed only: every defense and the base model agree
     pm, pn = rng.permutation(n_members).tolist(), rng.permutation(n_nonmembers).tolist()
     a = min(len(pm) - e, len(pn) - e, e)
-    return CandidateSplit(pm[:e], pn[:e], pm[e:e + a], pn[e:e + a])
+    return CandidateSplit(pm[:e], pn[:e], pm[e : e + a], pn[e : e + a])
 
 
 def view_split(task: Task, view: str, n_members: int, seed: int) -> CandidateSplit:
@@ -131,8 +134,10 @@ def view_split(task: Task, view: str, n_members: int, seed: int) -> CandidateSpl
         raise ValueError(f"task {task.id}: eval_subsets name positions outside the {view} pools")
     e = min(task.max_membership, len(em), len(en))
     if e < 8:
-        raise ValueError(f"too few evaluation candidates for a membership cell: {len(em)} members and {len(en)} "
-                         f"non-members in the task's eval_subsets; need at least 8")
+        raise ValueError(
+            f"too few evaluation candidates for a membership cell: {len(em)} members and {len(en)} "
+            f"non-members in the task's eval_subsets; need at least 8"
+        )
     rm = [i for i in range(n_members) if i not in set(em)]
     rn = [i for i in range(n_nonmembers) if i not in set(en)]
     rng = np.random.default_rng([seed, 0x4D49])  # the seed only: every defense and the base model agree
@@ -156,14 +161,15 @@ def client_ranges(task: Task) -> list[range]:
     return out
 
 
-def assign_nonmembers(groups: list[list[int]], m_labels: list[int] | None, nonmembers: list[int],
-                      n_labels: list[int] | None) -> list[list[int]]:
+def assign_nonmembers(
+    groups: list[list[int]], m_labels: list[int] | None, nonmembers: list[int], n_labels: list[int] | None
+) -> list[list[int]]:
     """Split ``nonmembers`` over member groups, one per member, each group's label-matched where the
     datasets expose labels (else in order): every non-member is used once."""
     if m_labels is None or n_labels is None:
         order, k, out = list(nonmembers), 0, []
         for g in groups:
-            out.append(order[k:k + len(g)])
+            out.append(order[k : k + len(g)])
             k += len(g)
         return out
     pools: dict[int, list[int]] = {}
@@ -186,8 +192,9 @@ class Part:
     client: int | None = None
 
 
-def membership_parts(task: Task, defense: Defense | None, view: str, train: TrainResult | None,
-                     seed: int) -> tuple[Any, CandidateSplit, list[Part]]:
+def membership_parts(
+    task: Task, defense: Defense | None, view: str, train: TrainResult | None, seed: int
+) -> tuple[Any, CandidateSplit, list[Part]]:
     """The member pool, the seed's candidate split, and the models that score it.
 
     Global / released view and the base model: one model scores every candidate. Client view: every
@@ -226,8 +233,9 @@ def membership_parts(task: Task, defense: Defense | None, view: str, train: Trai
     return pool, split, parts
 
 
-def aux_threshold_asr(scores: np.ndarray, y: np.ndarray, thresholds: np.ndarray, *, seed: int,
-                      n_boot: int = 200) -> dict[str, float]:
+def aux_threshold_asr(
+    scores: np.ndarray, y: np.ndarray, thresholds: np.ndarray, *, seed: int, n_boot: int = 200
+) -> dict[str, float]:
     """Balanced accuracy of ``score >= threshold`` (each candidate's threshold is its model's, chosen on
     the attacker's aux data), with a 95% bootstrap interval over candidates."""
     pred = scores >= thresholds
@@ -242,8 +250,11 @@ def aux_threshold_asr(scores: np.ndarray, y: np.ndarray, thresholds: np.ndarray,
         idx = rng.integers(0, len(y), len(y))
         if 0 < y[idx].sum() < len(idx):
             boots.append(bacc(idx))
-    return {"value": bacc(np.arange(len(y))), "ci_low": float(np.percentile(boots, 2.5)),
-            "ci_high": float(np.percentile(boots, 97.5))}
+    return {
+        "value": bacc(np.arange(len(y))),
+        "ci_low": float(np.percentile(boots, 2.5)),
+        "ci_high": float(np.percentile(boots, 97.5)),
+    }
 
 
 def best_threshold(members: np.ndarray, nonmembers: np.ndarray) -> float:
@@ -261,8 +272,16 @@ def _np(t) -> np.ndarray:
     return np.asarray(torch.as_tensor(t).detach().double().cpu())
 
 
-def run_membership(task: Task, defense: Defense | None, attack: Attack, view: str, train: TrainResult | None,
-                   seed: int, *, cache_root: Path | None = None) -> dict:
+def run_membership(
+    task: Task,
+    defense: Defense | None,
+    attack: Attack,
+    view: str,
+    train: TrainResult | None,
+    seed: int,
+    *,
+    cache_root: Path | None = None,
+) -> dict:
     """Score the seed's candidates; ``defense`` None = the un-fine-tuned base model (shift check), on the
     same candidates in every view.
 
@@ -324,33 +343,64 @@ def run_membership(task: Task, defense: Defense | None, attack: Attack, view: st
     extra = {"reference": reference.used} if reference is not None else {}  # what the attacker was assumed to know
     if details:  # what the attack states about its scoring (max_renyi: each slice's token count)
         extra["attack_details"] = details["all"] if list(details) == ["all"] else {"per_client": details}
-    return {**extra, "metrics": metrics, "variants": variants, "roc": roc, "primary": primary,
-            "per_candidate": per_candidate, "clients": clients if view == "client_model" else None,
-            "n_candidates": len(y), "n_members": int(y.sum()), "n_nonmembers": int(len(y) - y.sum()),
-            "n_aux": [len(split.aux_members), len(split.aux_nonmembers)] if uses_aux else [0, 0]}
+    return {
+        **extra,
+        "metrics": metrics,
+        "variants": variants,
+        "roc": roc,
+        "primary": primary,
+        "per_candidate": per_candidate,
+        "clients": clients if view == "client_model" else None,
+        "n_candidates": len(y),
+        "n_members": int(y.sum()),
+        "n_nonmembers": int(len(y) - y.sum()),
+        "n_aux": [len(split.aux_members), len(split.aux_nonmembers)] if uses_aux else [0, 0],
+    }
 
 
-def membership_observation(task: Task, defense: Defense | None, attack: Attack, view: str, part: Part, pool,
-                           seed: int, *, cache_root: Path | None = None) -> Observation:
+def membership_observation(
+    task: Task,
+    defense: Defense | None,
+    attack: Attack,
+    view: str,
+    part: Part,
+    pool,
+    seed: int,
+    *,
+    cache_root: Path | None = None,
+) -> Observation:
     """What a membership attack observes for one scoring model (``part``): the model, the aux split in
     ``public`` only when it ``uses_aux``, reference models when it ``uses_reference``, the shared signals."""
     uses_aux = bool(getattr(attack, "uses_aux", False))
     nonmembers = task.nonmembers
     if uses_aux and nonmembers is None:
         raise ValueError(f"task {task.id} has no held-out non-members")
-    public = Public(aux_members=[pool[i] for i in part.aux[0]],
-                    aux_nonmembers=[nonmembers[i] for i in part.aux[1]]) if nonmembers is not None and uses_aux \
+    public = (
+        Public(aux_members=[pool[i] for i in part.aux[0]], aux_nonmembers=[nonmembers[i] for i in part.aux[1]])
+        if nonmembers is not None and uses_aux
         else Public()
+    )
     # reference-model attacks ([RMIA]): reference models of this view / client, cached under cache_root
-    reference = Reference(task, defense, view, part.client, seed, cache_root) \
-        if getattr(attack, "uses_reference", False) else None
-    return Observation(view=cast(View, view), model=part.model, message=None, api=task.api, public=public, seed=seed,
-                       signals=group_cache((task.id, repr(defense), seed)),  # shared per-candidate signals
-                       reference=reference)
+    reference = (
+        Reference(task, defense, view, part.client, seed, cache_root)
+        if getattr(attack, "uses_reference", False)
+        else None
+    )
+    return Observation(
+        view=cast(View, view),
+        model=part.model,
+        message=None,
+        api=task.api,
+        public=public,
+        seed=seed,
+        signals=group_cache((task.id, repr(defense), seed)),  # shared per-candidate signals
+        reference=reference,
+    )
 
 
-def _aux_threshold(attack: Attack, out: Scores, obs: Observation, part: Part, pool, task: Task, seed: int,
-                   uses_aux: bool) -> float:
+def _aux_threshold(
+    attack: Attack, out: Scores, obs: Observation, part: Part, pool, task: Task, seed: int, uses_aux: bool
+) -> float:
     """The primary score's threshold chosen on the attacker's aux split (NaN: none available)."""
     cal = out.calibration or {}
     if out.primary in cal:
@@ -366,7 +416,7 @@ def _aux_threshold(attack: Attack, out: Scores, obs: Observation, part: Part, po
     if not isinstance(aux_out, Scores):
         raise TypeError(f"membership attack {attack.name} returned {type(aux_out).__name__}, expected Scores")
     s = _np(aux_out.scores[out.primary])
-    return best_threshold(s[:len(part.aux[0])], s[len(part.aux[0]):])
+    return best_threshold(s[: len(part.aux[0])], s[len(part.aux[0]) :])
 
 
 def _rename_asr(d: dict) -> dict:
@@ -389,19 +439,36 @@ def probe_observations(task: Task, defense: Defense, seed: int) -> tuple[list[Ob
     observations, targets = [], list(task.recon_targets or [])
     for i, item in enumerate(targets):
         gen = torch.Generator().manual_seed(seed * 100_003 + i)
-        ctx = RoundCtx(round=0, rounds=1, fl=fl, task=api, generator=gen, num_selected=1, global_state=state0,
-                       shared_names=names, extras=task.extras)
+        ctx = RoundCtx(
+            round=0,
+            rounds=1,
+            fl=fl,
+            task=api,
+            generator=gen,
+            num_selected=1,
+            global_state=state0,
+            shared_names=names,
+            extras=task.extras,
+        )
         load_state(work, state0)
         one = cast(Dataset, [item])  # a list is a map-style dataset (len and indexing)
         msg = defense.client_step(ClientState(1000 + i, work, one, {}), ctx)
-        observations.append(Observation(view="client_update", model=copy.deepcopy(model0), message=msg, api=api,
-                                        public=Public(global_state=state0, lr=fl.lr, local_steps=1,
-                                                      num_samples=1, mode=cast(FLMode, fl.mode)), seed=seed))
+        observations.append(
+            Observation(
+                view="client_update",
+                model=copy.deepcopy(model0),
+                message=msg,
+                api=api,
+                public=Public(global_state=state0, lr=fl.lr, local_steps=1, num_samples=1, mode=cast(FLMode, fl.mode)),
+                seed=seed,
+            )
+        )
     return observations, targets
 
 
-def run_reconstruction(task: Task, attack: Attack, probes: tuple[list[Observation], list[Any]], seed: int,
-                       artifact_dir: Path) -> dict:
+def run_reconstruction(
+    task: Task, attack: Attack, probes: tuple[list[Observation], list[Any]], seed: int, artifact_dir: Path
+) -> dict:
     observations, targets = probes
     if not targets:
         raise ValueError(f"task {task.id} has no reconstruction targets")
@@ -428,7 +495,5 @@ def run_reconstruction(task: Task, attack: Attack, probes: tuple[list[Observatio
     failed = [o.details.get("failed") for o in outs if o.details.get("failed")]
     from .figures import save_grid  # lazy: matplotlib (start-up)
 
-    grid = save_grid(t01, r01, artifact_dir / "grid.png", title=f"{task.id} / {attack.name}",
-                     scores=per["ssim"])
-    return {"metrics": metrics, "per_sample": per, "artifacts": {"grid": grid},
-            "attack_notes": sorted(set(failed))}
+    grid = save_grid(t01, r01, artifact_dir / "grid.png", title=f"{task.id} / {attack.name}", scores=per["ssim"])
+    return {"metrics": metrics, "per_sample": per, "artifacts": {"grid": grid}, "attack_notes": sorted(set(failed))}

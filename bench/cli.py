@@ -3,6 +3,7 @@
 Every argument is validated before anything is written: bad input prints the problem and the
 valid choices and exits with code 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,37 +33,55 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m bench",
-                description="Privacy attacks x defenses benchmark for federated and LoRA fine-tuning")
+    p = _Parser(
+        prog="python -m bench", description="Privacy attacks x defenses benchmark for federated and LoRA fine-tuning"
+    )
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     r = sub.add_parser("run", help="run the defense x attack matrix and regenerate leaderboards")
     r.add_argument("--scenario", default="all", help="name, comma list or 'all'")
     r.add_argument("--defense", default="all", help="name[:param=value...], comma list, a .py path, or 'all'")
     r.add_argument("--attack", default="all", help="name[:param=value...], comma list, a .py path, or 'all'")
     r.add_argument("--preset", default="default", help=f"one of {', '.join(PRESETS)}")
-    r.add_argument("--grid", default="", choices=["", "defaults", "full"],
-                   help="a bare defense name runs its paper grid ('full') or its default configuration only "
-                        "('defaults'); default: 'defaults' on the smoke preset, 'full' otherwise")
+    r.add_argument(
+        "--grid",
+        default="",
+        choices=["", "defaults", "full"],
+        help="a bare defense name runs its paper grid ('full') or its default configuration only "
+        "('defaults'); default: 'defaults' on the smoke preset, 'full' otherwise",
+    )
     r.add_argument("--seeds", default="1", help="number of seeds N (seeds 0..N-1)")
     r.add_argument("--out", default="results", help="output directory (records, cache, leaderboards)")
     r.add_argument("--no-leaderboard", action="store_true", help="do not regenerate leaderboards after the run")
     r.add_argument("--jobs", default="1", help="worker processes running independent units at once (default 1)")
     r.add_argument("--executor", default="local", help="local (worker processes here) or ray (a Ray cluster)")
-    r.add_argument("--ray-address", default=None,
-                   help="address of a running Ray cluster (e.g. ray://host:10001); default: start a local one")
-    r.add_argument("--cell-timeout", default=None,
-                   help="wall-clock budget in seconds per training run and per attack cell; the worker is killed "
-                        "at the limit and the cell recorded failed (default per preset: "
-                        + ", ".join(f"{k} {v:g}" for k, v in CELL_TIMEOUT_S.items()) + ")")
-    r.add_argument("--mem-cap", default=None,
-                   help="address-space cap per worker in MB (RLIMIT_AS; 0 = none; default 75%% of RAM / jobs, "
-                        "none on CUDA)")
+    r.add_argument(
+        "--ray-address",
+        default=None,
+        help="address of a running Ray cluster (e.g. ray://host:10001); default: start a local one",
+    )
+    r.add_argument(
+        "--cell-timeout",
+        default=None,
+        help="wall-clock budget in seconds per training run and per attack cell; the worker is killed "
+        "at the limit and the cell recorded failed (default per preset: "
+        + ", ".join(f"{k} {v:g}" for k, v in CELL_TIMEOUT_S.items())
+        + ")",
+    )
+    r.add_argument(
+        "--mem-cap",
+        default=None,
+        help="address-space cap per worker in MB (RLIMIT_AS; 0 = none; default 75%% of RAM / jobs, none on CUDA)",
+    )
     r.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
-    r.add_argument("--precision", default="fp32",
-                   help="fp32 (default), bf16 or fp16 (CUDA only): autocast for the llm-text, vlm-caption and "
-                        "ldm-t2i training and scoring; image-cls stays fp32")
-    r.add_argument("--dry-run", action="store_true",
-                   help="print the plan (cells, training runs, estimated time) and exit")
+    r.add_argument(
+        "--precision",
+        default="fp32",
+        help="fp32 (default), bf16 or fp16 (CUDA only): autocast for the llm-text, vlm-caption and "
+        "ldm-t2i training and scoring; image-cls stays fp32",
+    )
+    r.add_argument(
+        "--dry-run", action="store_true", help="print the plan (cells, training runs, estimated time) and exit"
+    )
     r.add_argument("--verbose", action="store_true", help="show third-party loading output and warnings")
     ls = sub.add_parser("list", help="list scenarios, defenses, attacks, and which cells apply")
     ls.add_argument("--preset", default="smoke", help="preset used to build the scenarios for the matrix")
@@ -70,13 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
     lb = sub.add_parser("leaderboard", help="regenerate leaderboards from stored records")
     lb.add_argument("--out", default="results")
     ck = sub.add_parser("check", help="conformance checks for a defense or an attack on the smoke preset")
-    ck.add_argument("--defense", default=None,
-                    help="NAME[:k=v], a list, or a .py file (exactly one of --defense / --attack)")
+    ck.add_argument(
+        "--defense", default=None, help="NAME[:k=v], a list, or a .py file (exactly one of --defense / --attack)"
+    )
     ck.add_argument("--attack", default=None, help="NAME[:k=v], a list, or a .py file")
     ck.add_argument("--scenario", default="")
-    ck.add_argument("--timeout", default=None,
-                    help="wall-clock seconds per configuration, run in a child process that is killed at the limit "
-                         "(default 3 x BENCH_CHECK_BUDGET_S: 1800 s unless that is set)")
+    ck.add_argument(
+        "--timeout",
+        default=None,
+        help="wall-clock seconds per configuration, run in a child process that is killed at the limit "
+        "(default 3 x BENCH_CHECK_BUDGET_S: 1800 s unless that is set)",
+    )
     return p
 
 
@@ -104,8 +127,11 @@ def build_tasks(names: list[str], preset: str, precision: str = "fp32"):
     for n in names:
         for t in scenario_tasks(n, preset, precision):
             if t.source is None:
-                t.source = functools.partial(scenario_tasks, n, preset, precision) if precision != "fp32" \
+                t.source = (
+                    functools.partial(scenario_tasks, n, preset, precision)
+                    if precision != "fp32"
                     else functools.partial(scenario_tasks, n, preset)
+                )
             tasks.append(t)
     return tasks
 
@@ -139,9 +165,14 @@ def worker_config(a, preset: str, device: str):
     mem = positive_number(a.mem_cap, "--mem-cap", integer=True, allow_zero=True)
     if mem is None:
         mem = 0 if device.startswith("cuda") else default_mem_cap_mb(jobs)  # CUDA maps huge address ranges
-    cfg = WorkerConfig(threads=default_threads(jobs), mem_cap_mb=int(mem),
-                       timeout_s=timeout if timeout is not None else CELL_TIMEOUT_S[preset],
-                       contrib=contributed_modules(), quiet=not a.verbose, device=device)
+    cfg = WorkerConfig(
+        threads=default_threads(jobs),
+        mem_cap_mb=int(mem),
+        timeout_s=timeout if timeout is not None else CELL_TIMEOUT_S[preset],
+        contrib=contributed_modules(),
+        quiet=not a.verbose,
+        device=device,
+    )
     if a.ray_address and a.executor != "ray":
         raise UsageError("--ray-address needs --executor ray")
     return jobs, cfg
@@ -180,11 +211,14 @@ def cmd_run(a) -> int:
         print(pl.render())
         return 0
     executor = make_executor(a, jobs, cfg)
-    summary = run(tasks, defenses, attacks, seeds, out, executor=executor, device=device,
-                  on_plan=lambda pl: print(pl.render()))
+    summary = run(
+        tasks, defenses, attacks, seeds, out, executor=executor, device=device, on_plan=lambda pl: print(pl.render())
+    )
     c = summary.counts
-    print(f"cells: {c['ok']} ok, {c['n/a']} n/a, {c['failed']} failed, {c['skipped']} already done "
-          f"({summary.wall_s:.0f} s); records in {out / 'records'}")
+    print(
+        f"cells: {c['ok']} ok, {c['n/a']} n/a, {c['failed']} failed, {c['skipped']} already done "
+        f"({summary.wall_s:.0f} s); records in {out / 'records'}"
+    )
     if not a.no_leaderboard:
         from .report.leaderboards import write_leaderboards
 
@@ -199,8 +233,10 @@ def warn_positive_controls(out: Path) -> None:
     from .controls import failures
 
     for line in failures(Store(out).records()):
-        print(f"warning: positive control failed: {line}; 'this defense stops the attack' is inconclusive there",
-              file=sys.stderr)
+        print(
+            f"warning: positive control failed: {line}; 'this defense stops the attack' is inconclusive there",
+            file=sys.stderr,
+        )
 
 
 def listed_tasks(names: list[str], preset: str) -> list:
@@ -229,8 +265,10 @@ def cmd_list(a) -> int:
         print(f"  {name:20s} {acls.kind:14s} views={','.join(acls.views)}  {acls.paper}")
     tasks = listed_tasks(names, preset)
     cells = plan(tasks, expand(DEFENSES, "all", full_grid=preset != "smoke"), expand(ATTACKS, "all"), [0])
-    print(f"cells at preset {preset} (one seed): {sum(c.na is None for c in cells)} apply, "
-          f"{sum(c.na is not None for c in cells)} n/a")
+    print(
+        f"cells at preset {preset} (one seed): {sum(c.na is None for c in cells)} apply, "
+        f"{sum(c.na is not None for c in cells)} n/a"
+    )
     for c in cells:
         status = f"failed: {c.error}" if getattr(c, "error", None) else "applies" if c.na is None else f"n/a: {c.na}"
         print(f"  {c.task.id:22s} {c.defense_label:34s} {c.attack.name:20s} {c.view:15s} {status}")
@@ -254,8 +292,10 @@ def cmd_check(a) -> int:
     from .conformance import CHECK_TIMEOUT_S, check_attack, check_defense
 
     if (a.defense is None) == (a.attack is None):
-        raise UsageError("check takes exactly one of --defense NAME|PATH or --attack NAME|PATH"
-                         + (", not both" if a.defense is not None else ""))
+        raise UsageError(
+            "check takes exactly one of --defense NAME|PATH or --attack NAME|PATH"
+            + (", not both" if a.defense is not None else "")
+        )
     timeout = positive_number(a.timeout, "--timeout")
     timeout = CHECK_TIMEOUT_S if timeout is None else timeout
     if a.defense is not None:

@@ -13,6 +13,7 @@ scenario's utility (which can mean sampling images for FID): cheap, and the same
 An attack is checked for its declared kind and views and run once on a smoke observation (scores: one
 finite value per candidate; reconstructions: finite, in the model's input shape).
 """
+
 from __future__ import annotations
 
 import copy
@@ -91,8 +92,12 @@ def scenario_order() -> list[str]:
 def shrink(task: Task, rounds: int = ROUNDS, steps: int = MAX_LOCAL_STEPS, clients: int = CLIENTS_PER_ROUND) -> Task:
     """The task with a few rounds, clients per round and local steps: a conformance run, not a benchmark."""
     cap = steps if task.fl.max_local_steps is None else min(steps, task.fl.max_local_steps)
-    fl = replace(task.fl, rounds=min(rounds, task.fl.rounds), max_local_steps=cap,
-                 clients_per_round=min(clients, task.fl.clients_per_round))
+    fl = replace(
+        task.fl,
+        rounds=min(rounds, task.fl.rounds),
+        max_local_steps=cap,
+        clients_per_round=min(clients, task.fl.clients_per_round),
+    )
     return replace(task, fl=fl)
 
 
@@ -121,8 +126,9 @@ def choose_task(applies: Callable[[Any], str | None], scenario: str | None) -> t
 
 def field_checks(report: Report, cls: type, kind: str) -> None:
     if not dataclasses.is_dataclass(cls):
-        report.add("hyper-parameters", False,
-                   f"{cls.__name__} is not a @dataclass: its fields are its hyper-parameters")
+        report.add(
+            "hyper-parameters", False, f"{cls.__name__} is not a @dataclass: its fields are its hyper-parameters"
+        )
         return
     hints = typing.get_type_hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]
@@ -156,16 +162,29 @@ def field_checks(report: Report, cls: type, kind: str) -> None:
     task_fields = {f.name for f in dataclasses.fields(TaskAPI)}
     requires = getattr(cls, "requires", ())
     unknown = [r for r in requires if r not in task_fields] if isinstance(requires, tuple) else [requires]
-    report.add("requires", not unknown, f"{requires or 'no optional task fields'}"
-               + (f"; not TaskAPI fields: {unknown}" if unknown else ""))
+    report.add(
+        "requires",
+        not unknown,
+        f"{requires or 'no optional task fields'}" + (f"; not TaskAPI fields: {unknown}" if unknown else ""),
+    )
     if kind == "attack":
         budget = getattr(cls, "budget", {})
         names = {f.name for f in fields}
-        bad_caps = [f"{k}={v!r}" for k, v in dict(budget).items()
-                    if k not in names or not isinstance(v, int) or isinstance(v, bool) or v < 1] \
-            if isinstance(budget, Mapping) else [repr(budget)]
-        report.add("budget", not bad_caps, (f"{budget!r}" if budget else "none declared")
-                   + (f"; not a field with an int cap >= 1: {', '.join(bad_caps)}" if bad_caps else ""))
+        bad_caps = (
+            [
+                f"{k}={v!r}"
+                for k, v in dict(budget).items()
+                if k not in names or not isinstance(v, int) or isinstance(v, bool) or v < 1
+            ]
+            if isinstance(budget, Mapping)
+            else [repr(budget)]
+        )
+        report.add(
+            "budget",
+            not bad_caps,
+            (f"{budget!r}" if budget else "none declared")
+            + (f"; not a field with an int cap >= 1: {', '.join(bad_caps)}" if bad_caps else ""),
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -204,8 +223,10 @@ class _Probe:
             if n not in ctx.global_state:
                 self.flag("shapes", f"{where}: unknown parameter {n!r} (not among the shared names)")
             elif tuple(t.shape) != tuple(ctx.global_state[n].shape):
-                self.flag("shapes", f"{where}: {n!r} has shape {tuple(t.shape)}, the global state "
-                                    f"{tuple(ctx.global_state[n].shape)}")
+                self.flag(
+                    "shapes",
+                    f"{where}: {n!r} has shape {tuple(t.shape)}, the global state {tuple(ctx.global_state[n].shape)}",
+                )
             if not torch.is_floating_point(t):
                 self.flag("message", f"{where}: {n!r} has dtype {t.dtype}, expected floating point")
             elif not torch.isfinite(t).all():
@@ -227,8 +248,10 @@ class _Probe:
             return new
         for n, t in new.items():
             if tuple(t.shape) != tuple(global_state[n].shape):
-                self.flag("shapes", f"{where}: aggregate gives {n!r} shape {tuple(t.shape)}, expected "
-                                    f"{tuple(global_state[n].shape)}")
+                self.flag(
+                    "shapes",
+                    f"{where}: aggregate gives {n!r} shape {tuple(t.shape)}, expected {tuple(global_state[n].shape)}",
+                )
             elif not torch.isfinite(t).all():
                 self.flag("finite", f"{where}: aggregate gives non-finite values in {n!r}")
         return new
@@ -260,7 +283,7 @@ def heldout_loss(task: Task, model, n: int = HELDOUT) -> float:
     bs = max(1, task.fl.batch_size)
     total = 0.0
     for i in range(0, len(items), bs):
-        chunk = items[i:i + bs]
+        chunk = items[i : i + bs]
         total += float(task.api.loss(model, task.api.collate(chunk))) * len(chunk)
     return total / len(items)
 
@@ -294,15 +317,19 @@ def _contract_checks(report: Report, probe: _Probe) -> None:
             report.add(name, msg is None, msg or "ok", warn_only=name == "detached")
 
 
-def check_defense_config(defense: Defense, task: Task, report: Report, *, seed: int = 0,
-                         budget_s: float = TIME_BUDGET_S) -> None:
+def check_defense_config(
+    defense: Defense, task: Task, report: Report, *, seed: int = 0, budget_s: float = TIME_BUDGET_S
+) -> None:
     """Train twice on ``task`` (already shrunk) and record every check in ``report``."""
     from .runner import views_of
     from .training import build_trained_model
 
     setting_ok = defense.setting in ("federated", "central")
-    report.add("setting / views", setting_ok, f"setting {defense.setting!r} exposes "
-               f"{'/'.join(views_of(defense)) if setting_ok else 'nothing'}")
+    report.add(
+        "setting / views",
+        setting_ok,
+        f"setting {defense.setting!r} exposes {'/'.join(views_of(defense)) if setting_ok else 'nothing'}",
+    )
     mode = defense.fl_mode()
     report.add("fl mode", mode in (None, "fedavg", "fedsgd"), f"fl_mode() = {mode!r}")
     if defense.setting == "central" and task.central_data is None:
@@ -330,28 +357,39 @@ def check_defense_config(defense: Defense, task: Task, report: Report, *, seed: 
         _, res2, wall2 = _train(task, _Probe(copy.deepcopy(defense)), seed, 2)
         diff = [n for n in res.global_state if not torch.equal(res.global_state[n], res2.global_state[n])]
         same_t = res.transcript == res2.transcript
-        detail = "identical global state and transcript for seed 0" if not diff and same_t else (
-            f"{len(diff)} tensor(s) differ between two runs with seed {seed}"
-            + (f" (first {diff[0]!r}, max |diff| "
-               f"{float((res.global_state[diff[0]] - res2.global_state[diff[0]]).abs().max()):.3g})"
-               if diff else "") + ("" if same_t else "; the message transcripts differ")
-            + " (hint: draw randomness from ctx.generator, not the random / numpy global state)")
+        detail = (
+            "identical global state and transcript for seed 0"
+            if not diff and same_t
+            else (
+                f"{len(diff)} tensor(s) differ between two runs with seed {seed}"
+                + (
+                    f" (first {diff[0]!r}, max |diff| "
+                    f"{float((res.global_state[diff[0]] - res2.global_state[diff[0]]).abs().max()):.3g})"
+                    if diff
+                    else ""
+                )
+                + ("" if same_t else "; the message transcripts differ")
+                + " (hint: draw randomness from ctx.generator, not the random / numpy global state)"
+            )
+        )
         report.add("determinism", not diff and same_t, detail)
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001
         report.add("determinism", False, f"second run raised {type(e).__name__}: {e}")
         wall2 = 0.0
-    report.add("time budget", max(wall, wall2) <= budget_s,
-               f"{max(wall, wall2):.1f} s per run (budget {budget_s:.0f} s)")
+    report.add(
+        "time budget", max(wall, wall2) <= budget_s, f"{max(wall, wall2):.1f} s per run (budget {budget_s:.0f} s)"
+    )
     delta = resolve_delta(defense, task.api)  # the run's delta, as the harness records it
     eps_detail, eps_ok = [], True
     trained = probe.inner
     try:
         eps = trained.epsilon(delta=delta)
         rate = 1.0 if defense.setting == "central" else task.fl.clients_per_round / task.fl.num_clients
-        comp = trained.epsilon_composed(delta=delta, rounds=len(res.bytes_down), sample_rate=rate,
-                                        names=tuple(res.global_state))
+        comp = trained.epsilon_composed(
+            delta=delta, rounds=len(res.bytes_down), sample_rate=rate, names=tuple(res.global_state)
+        )
         for label, v in (("epsilon", eps), ("epsilon_composed", comp)):
             good = valid_epsilon(v)
             eps_ok &= good
@@ -365,14 +403,19 @@ def check_defense_config(defense: Defense, task: Task, report: Report, *, seed: 
     try:
         after = heldout_loss(task, build_trained_model(task, trained, res.global_state))
         ok, detail = utility_floor(after, untrained_loss(task, defense, model0))
-        report.add("utility floor", ok, detail + ("; DP noise may cost this much" if ok is False and eps is not None
-                                                   else ""), warn_only=eps is not None)
+        report.add(
+            "utility floor",
+            ok,
+            detail + ("; DP noise may cost this much" if ok is False and eps is not None else ""),
+            warn_only=eps is not None,
+        )
     except Exception as e:  # noqa: BLE001
         report.add("utility floor", False, f"utility evaluation raised {type(e).__name__}: {e}")
 
 
-def defense_report(defense: Defense, scenario: str | None, *, rounds: int = ROUNDS,
-                   budget_s: float = TIME_BUDGET_S) -> Report:
+def defense_report(
+    defense: Defense, scenario: str | None, *, rounds: int = ROUNDS, budget_s: float = TIME_BUDGET_S
+) -> Report:
     from .training import label
 
     report = Report(f"defense {label(defense)}")
@@ -386,8 +429,9 @@ def defense_report(defense: Defense, scenario: str | None, *, rounds: int = ROUN
     if task is None:
         report.add("applies", False, f"applies to no smoke task ({why})")
         return report
-    report.subject += (f" on {task.id} (smoke, {rounds} rounds of {CLIENTS_PER_ROUND} clients, "
-                       f"<= {MAX_LOCAL_STEPS} local steps)")
+    report.subject += (
+        f" on {task.id} (smoke, {rounds} rounds of {CLIENTS_PER_ROUND} clients, <= {MAX_LOCAL_STEPS} local steps)"
+    )
     report.add("applies", True, f"{task.id}")
     check_defense_config(defense, shrink(task, rounds), report, budget_s=budget_s)
     return report
@@ -403,21 +447,32 @@ def _configs_or_report(registry, name_or_path: str, scenario: str | None, out: T
     except UsageError:
         raise
     except Exception as e:  # noqa: BLE001 - e.g. the contributed file does not import: reported as a FAIL
-        print(f"bench check: {name_or_path}\n  FAIL  import             {type(e).__name__}: {e}\n"
-              "  result: 1 check(s) failed", file=out)
+        print(
+            f"bench check: {name_or_path}\n  FAIL  import             {type(e).__name__}: {e}\n"
+            "  result: 1 check(s) failed",
+            file=out,
+        )
         return None
 
 
-def check_defense(name_or_path: str, scenario: str | None = None, *, out: TextIO | None = None,
-                  rounds: int = ROUNDS, budget_s: float = TIME_BUDGET_S, timeout_s: float = CHECK_TIMEOUT_S) -> int:
+def check_defense(
+    name_or_path: str,
+    scenario: str | None = None,
+    *,
+    out: TextIO | None = None,
+    rounds: int = ROUNDS,
+    budget_s: float = TIME_BUDGET_S,
+    timeout_s: float = CHECK_TIMEOUT_S,
+) -> int:
     """``python -m bench check --defense``: every configuration the spec expands to, each in a child
     process with ``timeout_s`` of wall clock (see ``isolated_reports``); 0 if all pass, else 1."""
     out = out or sys.stdout
     configs = _configs_or_report(DEFENSES, name_or_path, scenario, out)
     if configs is None:
         return 1
-    return isolated_reports("defense", configs, scenario, out=out, timeout_s=timeout_s, rounds=rounds,
-                            budget_s=budget_s)
+    return isolated_reports(
+        "defense", configs, scenario, out=out, timeout_s=timeout_s, rounds=rounds, budget_s=budget_s
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -442,16 +497,20 @@ def _run_job(job: _Job) -> dict:
     try:
         if job.name and getattr(type(job.subject), "name", job.name) != job.name:
             type(job.subject).name = job.name  # what Registry.register did in the parent
-        rep = (defense_report(job.subject, job.scenario, **job.options) if job.kind == "defense"
-               else attack_report(job.subject, job.scenario))
+        rep = (
+            defense_report(job.subject, job.scenario, **job.options)
+            if job.kind == "defense"
+            else attack_report(job.subject, job.scenario)
+        )
     except BaseException as e:  # noqa: BLE001
         rep = Report(job.key)
         rep.add("run", False, f"{type(e).__name__}: {e}")
     return {"key": job.key, "kind": job.kind, "status": "ok", "reason": "", "report": rep, "restart": False}
 
 
-def isolated_reports(kind: str, subjects: list, scenario: str | None, *, out: TextIO, timeout_s: float,
-                     **options) -> int:
+def isolated_reports(
+    kind: str, subjects: list, scenario: str | None, *, out: TextIO, timeout_s: float, **options
+) -> int:
     """Print each subject's report, built in one reused child (killed and replaced after a timeout or
     crash, which is then that subject's FAIL line); 1 if any check failed, else 0."""
     import concurrent.futures as cf
@@ -459,16 +518,23 @@ def isolated_reports(kind: str, subjects: list, scenario: str | None, *, out: Te
     from .executors import Slot, WorkerConfig, contributed_modules, default_mem_cap_mb, default_threads
     from .training import label
 
-    cfg = WorkerConfig(threads=default_threads(1), mem_cap_mb=default_mem_cap_mb(1), timeout_s=timeout_s,
-                       contrib=contributed_modules())
+    cfg = WorkerConfig(
+        threads=default_threads(1), mem_cap_mb=default_mem_cap_mb(1), timeout_s=timeout_s, contrib=contributed_modules()
+    )
     slot = Slot(cfg)
     failed = 0
     # the slot waits in a thread, so Ctrl-C reaches this one (and kills the child) instead of becoming a FAIL
     with cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-check") as waiter:
         try:
             for s in subjects:
-                job = _Job(f"{kind} {label(s)}", kind, s, scenario, options if kind == "defense" else {},
-                           name=getattr(type(s), "name", "") or "")
+                job = _Job(
+                    f"{kind} {label(s)}",
+                    kind,
+                    s,
+                    scenario,
+                    options if kind == "defense" else {},
+                    name=getattr(type(s), "name", "") or "",
+                )
                 res = waiter.submit(slot.run, job, _run_job, flag="--timeout").result()
                 rep = res.get("report")
                 if rep is None:
@@ -587,8 +653,9 @@ def _run_recon(attack: Attack, task: Task, seed: int) -> str:
     return f"reconstruction of shape {tuple(img.shape)}"
 
 
-def check_attack(name_or_path: str, scenario: str | None = None, *, out: TextIO | None = None,
-                 timeout_s: float = CHECK_TIMEOUT_S) -> int:
+def check_attack(
+    name_or_path: str, scenario: str | None = None, *, out: TextIO | None = None, timeout_s: float = CHECK_TIMEOUT_S
+) -> int:
     """``python -m bench check --attack``: every configuration, each isolated like a defense's; 0 if all pass."""
     out = out or sys.stdout
     configs = _configs_or_report(ATTACKS, name_or_path, scenario, out)

@@ -9,6 +9,7 @@ candidates has its lower end >= ``GAP_MIN`` (paired bootstrap over seeds and sha
 when the records carry no ids, and the result says so). The base model is scored in the global view only; a
 client or released view is compared with it on the candidates both scored.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -111,8 +112,9 @@ def positive_controls(records: Iterable[dict]) -> list[Control]:
             auroc = scored[attack][0]
             head = dict(task=task, preset=preset, view=view, baseline=baseline, attack=attack, auroc=auroc)
             if auroc < AUROC_MIN:
-                out.append(Control(**head, passed=False,
-                                   reason=f"strongest attack {attack} AUROC {auroc:.3f} < {AUROC_MIN}"))
+                out.append(
+                    Control(**head, passed=False, reason=f"strongest attack {attack} AUROC {auroc:.3f} < {AUROC_MIN}")
+                )
                 continue
             b = [r for r in base if r["attack_label"] == attack]
             b = [r for r in b if r["view"] == view] or b  # the base model is scored in the global view
@@ -123,8 +125,10 @@ def positive_controls(records: Iterable[dict]) -> list[Control]:
             g, lo, paired = gap
             how = "paired" if paired else "unpaired: no shared candidate ids"
             passed = lo >= GAP_MIN
-            reason = (f"{attack} AUROC {auroc:.3f}; minus the base model's on the same candidates {g:+.3f}, "
-                      f"interval lower end {lo:+.3f} {'>=' if passed else '<'} {GAP_MIN} ({how})")
+            reason = (
+                f"{attack} AUROC {auroc:.3f}; minus the base model's on the same candidates {g:+.3f}, "
+                f"interval lower end {lo:+.3f} {'>=' if passed else '<'} {GAP_MIN} ({how})"
+            )
             out.append(Control(**head, passed=passed, reason=reason, gap=g, gap_lo=lo, paired=paired))
     return out
 

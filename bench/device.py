@@ -4,6 +4,7 @@ Resolved once in the parent (bad input: UsageError, exit 2) and handed to every 
 (``WorkerConfig.device`` -> the unit); code follows the model's device from there (tensors are created
 with ``device=`` of the tensors they combine with, never a hard-coded "cpu").
 """
+
 from __future__ import annotations
 
 import re
@@ -27,8 +28,10 @@ def resolve_device(raw: str) -> str:
     if raw == "auto":
         return "cuda" if n else "cpu"
     if not n:
-        raise UsageError(f"--device {raw}: CUDA is not available on this machine (torch {torch.__version__}); "
-                         f"use --device cpu or auto")
+        raise UsageError(
+            f"--device {raw}: CUDA is not available on this machine (torch {torch.__version__}); "
+            f"use --device cpu or auto"
+        )
     assert m is not None  # raw is cuda[:N] here
     index = int(m.group(1)) if m.group(1) is not None else 0
     if index >= n:
@@ -49,8 +52,9 @@ def check_precision(raw: str, device: str) -> str:
     if p not in PRECISIONS:
         raise UsageError(f"unknown precision {raw!r}. Valid choices: {', '.join(PRECISIONS)}")
     if p == "fp16" and not device.startswith("cuda"):
-        raise UsageError(f"--precision fp16 needs a CUDA device (this run's device is {device}); "
-                         f"use bf16 or fp32 on the CPU")
+        raise UsageError(
+            f"--precision fp16 needs a CUDA device (this run's device is {device}); use bf16 or fp32 on the CPU"
+        )
     return p
 
 
@@ -77,5 +81,6 @@ def autocast(task, device: str):
     p = precision_of(task)
     if p == "fp32" or task.api.family not in AUTOCAST_FAMILIES:
         return contextlib.nullcontext()
-    return torch.autocast("cuda" if device.startswith("cuda") else "cpu",
-                          dtype=torch.bfloat16 if p == "bf16" else torch.float16)
+    return torch.autocast(
+        "cuda" if device.startswith("cuda") else "cpu", dtype=torch.bfloat16 if p == "bf16" else torch.float16
+    )

@@ -1,4 +1,5 @@
 """The error every layer raises for bad user input; the CLI prints it and exits with code 2."""
+
 from __future__ import annotations
 
 

@@ -8,6 +8,7 @@ processes are reused across units and restarted only after a timeout or a crash 
 would pay torch's import every time). Every executor's ``submit`` returns a ``concurrent.futures.Future``
 of an outcome dict; scheduling is left to ``concurrent.futures`` and Ray.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -73,8 +74,13 @@ class WorkerConfig:
 def contributed_modules() -> tuple[tuple[str, str], ...]:
     """Contributed methods loaded from a path in this process (``Registry.load_path``): a worker must
     import them under the same module name before it can unpickle their instances."""
-    return tuple(sorted((name, file) for name, m in list(sys.modules.items())
-                        if name.startswith("_bench_contrib_") and (file := getattr(m, "__file__", None))))
+    return tuple(
+        sorted(
+            (name, file)
+            for name, m in list(sys.modules.items())
+            if name.startswith("_bench_contrib_") and (file := getattr(m, "__file__", None))
+        )
+    )
 
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -185,7 +191,6 @@ def _run_in_worker(unit) -> Outcome:
         return execute_unit(unit)
 
 
-
 class Slot:
     """One reusable worker process with a per-unit wall-clock budget; killed and replaced on overrun or crash."""
 
@@ -203,8 +208,9 @@ class Slot:
             if self.context == "forkserver":  # workers fork from a server that has torch imported already
                 ctx.set_forkserver_preload(["bench.runner"])
             self._queue = ctx.Queue() if self.report else None
-            self._pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker,
-                                                initargs=(self.cfg, os.getpid(), self._queue))
+            self._pool = cf.ProcessPoolExecutor(
+                max_workers=1, mp_context=ctx, initializer=_init_worker, initargs=(self.cfg, os.getpid(), self._queue)
+            )
         return self._pool
 
     def poll(self) -> list[tuple[str, float]]:
@@ -266,8 +272,14 @@ class Slot:
 
 
 def _failed(unit, reason: str, t0: float) -> Outcome:
-    return {"key": unit.key, "kind": unit.kind, "status": "failed", "reason": reason, "wall_s": time.time() - t0,
-            "written": False}
+    return {
+        "key": unit.key,
+        "kind": unit.kind,
+        "status": "failed",
+        "reason": reason,
+        "wall_s": time.time() - t0,
+        "written": False,
+    }
 
 
 class LocalExecutor:
@@ -326,8 +338,15 @@ class RayExecutor:
 
     name = "ray"
 
-    def __init__(self, cfg: WorkerConfig, *, address: str | None = None, num_cpus: int | None = None,
-                 num_gpus: float = 0.0, memory_mb: int = 0):
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        *,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        num_gpus: float = 0.0,
+        memory_mb: int = 0,
+    ):
         try:
             import ray
         except ImportError:
@@ -337,16 +356,23 @@ class RayExecutor:
         self._started = not ray.is_initialized()
         if self._started:
             env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-            kw: dict[str, Any] = {"address": address, "include_dashboard": False, "log_to_driver": not cfg.quiet,
-                                  "runtime_env": {"env_vars": env}}
+            kw: dict[str, Any] = {
+                "address": address,
+                "include_dashboard": False,
+                "log_to_driver": not cfg.quiet,
+                "runtime_env": {"env_vars": env},
+            }
             if address is None:
                 kw["num_cpus"] = num_cpus or cpu_count()
             ray.init(**kw)
         total = ray.cluster_resources().get("CPU", 1)
         self.jobs = max(1, int(total // max(1, cfg.threads)))
         self._remote = ray.remote(_ray_task).options(
-            num_cpus=cfg.threads, num_gpus=num_gpus, max_retries=0,
-            **({"memory": memory_mb * 2**20} if memory_mb else {}))  # a scheduling request, not a cap
+            num_cpus=cfg.threads,
+            num_gpus=num_gpus,
+            max_retries=0,
+            **({"memory": memory_mb * 2**20} if memory_mb else {}),
+        )  # a scheduling request, not a cap
 
     def submit(self, unit) -> cf.Future:
         return self._remote.remote(unit, self.cfg).future()

@@ -1,5 +1,6 @@
 """Figures the run-time harness writes (matplotlib, Agg): the reconstruction grid of a cell, and the
 deterministic PNG writer every plot uses (no version string in the file: the same data, the same bytes)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,8 +24,9 @@ def save_figure(fig, path: Path, dpi: int = 90, *, tight: bool = False) -> str:
     return str(path)
 
 
-def save_grid(originals: np.ndarray, recon: np.ndarray, path: Path, *, title: str = "",
-              scores: Sequence[float] | None = None) -> str:
+def save_grid(
+    originals: np.ndarray, recon: np.ndarray, path: Path, *, title: str = "", scores: Sequence[float] | None = None
+) -> str:
     """Originals (top row) over reconstructions (bottom row), [N,C,H,W] in [0,1]; returns the path."""
     n = len(originals)
     fig, axes = plt.subplots(2, n, figsize=(1.6 * n + 0.4, 3.6), squeeze=False)
@@ -32,8 +34,9 @@ def save_grid(originals: np.ndarray, recon: np.ndarray, path: Path, *, title: st
         for row, img in ((0, originals[i]), (1, recon[i])):
             ax = axes[row][i]
             im = np.moveaxis(img, 0, -1)
-            ax.imshow(im.squeeze(-1) if im.shape[-1] == 1 else im, cmap="gray" if im.shape[-1] == 1 else None,
-                      vmin=0, vmax=1)
+            ax.imshow(
+                im.squeeze(-1) if im.shape[-1] == 1 else im, cmap="gray" if im.shape[-1] == 1 else None, vmin=0, vmax=1
+            )
             ax.set_xticks([])
             ax.set_yticks([])
         if scores is not None:

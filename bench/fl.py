@@ -4,6 +4,7 @@ and the server's transcript of every message (docs/design.md s.2, s.4).
 FedAvg: McMahan et al. 2017 (weights after local epochs, averaged by sample count).
 FedSGD: one gradient per client per round, the server steps ``w <- w - lr * mean(g)``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -26,8 +27,9 @@ from .types import ClientState, Defense, FLConfig, Message, RoundCtx, n_items
 # data splits
 
 
-def split_clients(labels: Sequence[int] | np.ndarray, num_clients: int, alpha: float | None,
-                  seed: int) -> list[list[int]]:
+def split_clients(
+    labels: Sequence[int] | np.ndarray, num_clients: int, alpha: float | None, seed: int
+) -> list[list[int]]:
     """IID (alpha None) or Dirichlet(alpha) label-skewed split of sample indices over clients.
 
     Dirichlet split as in Hsu et al. 2019: for each class, proportions ~ Dir(alpha) over clients.
@@ -70,8 +72,9 @@ def make_optimizer(params: list[nn.Parameter], fl: FLConfig) -> torch.optim.Opti
 
 def loader(data: Dataset, ctx: RoundCtx, *, shuffle: bool = True) -> DataLoader:
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=ctx.generator)))
-    return DataLoader(data, batch_size=ctx.fl.batch_size, shuffle=shuffle, generator=g,
-                      collate_fn=ctx.task.collate, drop_last=False)
+    return DataLoader(
+        data, batch_size=ctx.fl.batch_size, shuffle=shuffle, generator=g, collate_fn=ctx.task.collate, drop_last=False
+    )
 
 
 def trainable(model: nn.Module, names: Sequence[str]) -> list[nn.Parameter]:
@@ -79,9 +82,14 @@ def trainable(model: nn.Module, names: Sequence[str]) -> list[nn.Parameter]:
     return [params[n] for n in names]
 
 
-def local_train(state: ClientState, ctx: RoundCtx, *, names: Sequence[str] | None = None,
-                loss_fn: Callable[[nn.Module, Any], Tensor] | None = None,
-                on_step: Callable[[int], None] | None = None) -> int:
+def local_train(
+    state: ClientState,
+    ctx: RoundCtx,
+    *,
+    names: Sequence[str] | None = None,
+    loss_fn: Callable[[nn.Module, Any], Tensor] | None = None,
+    on_step: Callable[[int], None] | None = None,
+) -> int:
     """Run the client's local epochs (capped by ``fl.max_local_steps``); returns the step count.
 
     ``loss_fn`` replaces the task loss (e.g. SMP-LoRA's ratio objective); ``on_step`` runs after each
@@ -119,7 +127,7 @@ def batch_gradient(state: ClientState, ctx: RoundCtx, *, names: Sequence[str] | 
     nb = max(1, math.ceil(n / bs))
     epoch, b = divmod(ctx.round, nb)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(1000 * state.client + epoch))
-    batch = ctx.task.collate([data[int(i)] for i in perm[b * bs:(b + 1) * bs]])
+    batch = ctx.task.collate([data[int(i)] for i in perm[b * bs : (b + 1) * bs]])
     model = state.model
     model.train()
     params = trainable(model, names)
@@ -196,8 +204,9 @@ def float_buffers(model: nn.Module) -> dict[str, Tensor]:
     return {n: b.detach().clone() for n, b in model.named_buffers() if b.is_floating_point()}
 
 
-def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = True,
-                  desc: str = "") -> tuple[nn.Module, TrainResult]:
+def run_federated(
+    task, defense: Defense, seed: int, *, keep_clients: bool = True, desc: str = ""
+) -> tuple[nn.Module, TrainResult]:
     """Train ``task`` under ``defense``; returns the global model and the server's record.
 
     Central defenses (``setting == "central"``) run as one client holding ``task.central_data``
@@ -228,8 +237,19 @@ def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = Tru
     t0 = time.time()
     for r in progress(range(fl.rounds), desc=desc or f"train {task.id} {defense.name}", leave=False, unit=True):
         sel = sorted(torch.randperm(len(datasets), generator=gen)[: fl.clients_per_round].tolist())
-        ctx = RoundCtx(round=r, rounds=fl.rounds, fl=fl, task=task.api, generator=gen, num_selected=len(sel),
-                       global_state=global_state, shared_names=names, log=logs, extras=task.extras, run=run)
+        ctx = RoundCtx(
+            round=r,
+            rounds=fl.rounds,
+            fl=fl,
+            task=task.api,
+            generator=gen,
+            num_selected=len(sel),
+            global_state=global_state,
+            shared_names=names,
+            log=logs,
+            extras=task.extras,
+            run=run,
+        )
         msgs = []
         down_bytes = 0
         client_buffers = []
@@ -240,26 +260,44 @@ def run_federated(task, defense: Defense, seed: int, *, keep_clients: bool = Tru
             _check_message(msg, global_state)
             msgs.append(msg)
             down = defense.downlink_names(ctx, k)
-            down_bytes += sum(t.numel() * t.element_size() for n, t in global_state.items()
-                              if down is None or n in down) + int(msg.meta.get("extra_down_bytes", 0))
-            transcript.append({"client": k, "round": r, "kind": msg.kind,
-                               "bytes": msg.nbytes() + int(msg.meta.get("extra_up_bytes", 0)),
-                               "numel": msg.numel(), "names": len(msg.tensors), "meta": dict(msg.meta)})
+            down_bytes += sum(
+                t.numel() * t.element_size() for n, t in global_state.items() if down is None or n in down
+            ) + int(msg.meta.get("extra_down_bytes", 0))
+            transcript.append(
+                {
+                    "client": k,
+                    "round": r,
+                    "kind": msg.kind,
+                    "bytes": msg.nbytes() + int(msg.meta.get("extra_up_bytes", 0)),
+                    "numel": msg.numel(),
+                    "names": len(msg.tensors),
+                    "meta": dict(msg.meta),
+                }
+            )
             if keep_clients and msg.kind == "weights":
                 latest.setdefault(k, {}).update({n: t.detach().clone() for n, t in msg.tensors.items()})
         bytes_down.append(down_bytes)
         global_state = defense.aggregate(global_state, msgs, ctx)
         if global_buffers:
             total = sum(n for n, _ in client_buffers)
-            global_buffers = {b: cast(Tensor, sum(bufs[b] * (n / total) for n, bufs in client_buffers))
-                              for b in global_buffers}
+            global_buffers = {
+                b: cast(Tensor, sum(bufs[b] * (n / total) for n, bufs in client_buffers)) for b in global_buffers
+            }
         for n, t in global_state.items():
             if not torch.isfinite(t).all():
                 raise FloatingPointError(f"round {r}: non-finite global parameter {n}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # process peak RSS
     load_state(model, global_state, global_buffers)
-    res = TrainResult(global_state, latest, transcript, bytes_down, logs=logs, wall_s=time.time() - t0,
-                      peak_mem_mb=peak / 2**20, global_buffers=global_buffers)
+    res = TrainResult(
+        global_state,
+        latest,
+        transcript,
+        bytes_down,
+        logs=logs,
+        wall_s=time.time() - t0,
+        peak_mem_mb=peak / 2**20,
+        global_buffers=global_buffers,
+    )
     return model, res
 
 
@@ -275,8 +313,10 @@ def _check_message(msg: Message, global_state: dict[str, Tensor]) -> None:
         if n not in global_state:
             raise ValueError(f"message from client {msg.client} has unknown parameter {n!r}")
         if t.shape != global_state[n].shape:
-            raise ValueError(f"message from client {msg.client}: {n} has shape {tuple(t.shape)}, "
-                             f"expected {tuple(global_state[n].shape)}")
+            raise ValueError(
+                f"message from client {msg.client}: {n} has shape {tuple(t.shape)}, "
+                f"expected {tuple(global_state[n].shape)}"
+            )
         if not torch.isfinite(t).all():
             raise FloatingPointError(f"message from client {msg.client}: non-finite values in {n}")
 

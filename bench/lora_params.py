@@ -6,6 +6,7 @@ peft names look like ``base_model.model.model.layers.3.self_attn.q_proj.lora_A.d
 Embedding LoRA (``lora_embedding_A`` / ``_B``, no ``.weight``) and conv LoRA (A [r, in, k, k],
 B [out, r, 1, 1]) are paired the same way; :func:`as_matrix` flattens them to B [out, r] and A [r, *].
 """
+
 from __future__ import annotations
 
 import re
@@ -74,8 +75,10 @@ def _pairs(names: tuple[str, ...]) -> tuple[LoraPair, ...]:
     for (module, adapter, _), h in halves.items():
         if set(h) != {"A", "B"}:
             missing = "B" if "A" in h else "A"
-            raise ValueError(f"LoRA module {module!r} (adapter {adapter!r}) has no lora_{missing} parameter "
-                             f"among the given names; found only {sorted(h.values())}")
+            raise ValueError(
+                f"LoRA module {module!r} (adapter {adapter!r}) has no lora_{missing} parameter "
+                f"among the given names; found only {sorted(h.values())}"
+            )
         out.append(LoraPair(module, adapter, h["A"], h["B"], layer_index(h["A"])))
     return tuple(out)
 
@@ -106,8 +109,10 @@ def num_layers(names: Iterable[str], depth: int | None = None) -> int:
         return int(depth)
     idx = [p.layer for p in lora_pairs(names) if p.layer is not None]
     if not idx:
-        raise ValueError("cannot infer the number of layers: no LoRA parameter name carries a layer index "
-                         "and the scenario declares no num_layers")
+        raise ValueError(
+            "cannot infer the number of layers: no LoRA parameter name carries a layer index "
+            "and the scenario declares no num_layers"
+        )
     return max(idx) + 1
 
 
@@ -122,8 +127,9 @@ def lora_product(b: Tensor, a: Tensor) -> Tensor:
     return bm @ am
 
 
-def stack_pairs(bs: Sequence[Tensor], as_: Sequence[Tensor],
-                weights: Sequence[float] | None = None) -> tuple[Tensor, Tensor]:
+def stack_pairs(
+    bs: Sequence[Tensor], as_: Sequence[Tensor], weights: Sequence[float] | None = None
+) -> tuple[Tensor, Tensor]:
     """Stacking of LoRA pairs ([DP-FedLoRA] Eq. 3, 12-13): B = [w_1 B_1, ..., w_K B_K] (side by side),
     A = [A_1; ...; A_K] (one below the other), so that B @ A = sum_k w_k B_k A_k exactly.
     """

@@ -5,6 +5,7 @@ TPR at FPR f is reported only with at least 10 / f non-members (else ``value`` N
 fewer, every low-FPR column reads TPR at zero false positives. The ASR here picks the best threshold on the
 evaluation set itself, so it is optimistic: it is recorded as ``asr_oracle`` (an attack's own calibrated
 ASR, e.g. a threshold set on auxiliary data, is ``asr_aux``)."""
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -35,8 +36,7 @@ def membership_point(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]
 
     fpr, tpr, _ = roc_curve(labels, scores, drop_intermediate=False)
     area = float(auc(fpr, tpr))  # = roc_auc_score (trapezoids over the full ROC), one pass
-    out = {"auroc": area, "advantage": abs(area - 0.5) / 0.5,
-           "asr_oracle": float(np.max(1 - (fpr + (1 - tpr)) / 2))}
+    out = {"auroc": area, "advantage": abs(area - 0.5) / 0.5, "asr_oracle": float(np.max(1 - (fpr + (1 - tpr)) / 2))}
     skip = unreported_tprs(labels)
     for f in FPRS:
         if f"tpr@{f:g}fpr" not in skip:
@@ -44,8 +44,9 @@ def membership_point(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]
     return out
 
 
-def membership_metrics(scores: ArrayLike, labels: ArrayLike, *, n_boot: int = 200,
-                       seed: int = 0) -> tuple[dict[str, dict[str, Any]], dict[str, list[float]]]:
+def membership_metrics(
+    scores: ArrayLike, labels: ArrayLike, *, n_boot: int = 200, seed: int = 0
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[float]]]:
     """Point estimates with 95% bootstrap intervals (resampling candidates), and the ROC curve."""
     import sklearn
     from sklearn.metrics import roc_curve
@@ -66,8 +67,10 @@ def membership_metrics(scores: ArrayLike, labels: ArrayLike, *, n_boot: int = 20
             for k, v in membership_point(s[idx], y[idx]).items():
                 if k in boots:  # a TPR gated out of the point estimate stays out of the replicates
                     boots[k].append(v)
-    metrics: dict[str, dict[str, Any]] = {k: {"value": v, "ci_low": float(np.percentile(boots[k], 2.5)),
-                   "ci_high": float(np.percentile(boots[k], 97.5))} for k, v in point.items()}
+    metrics: dict[str, dict[str, Any]] = {
+        k: {"value": v, "ci_low": float(np.percentile(boots[k], 2.5)), "ci_high": float(np.percentile(boots[k], 97.5))}
+        for k, v in point.items()
+    }
     for k, why in unreported_tprs(y).items():
         metrics[k] = {"value": None, "ci_low": None, "ci_high": None, "reason": why}
     fpr, tpr, _ = roc_curve(y, s)
@@ -101,5 +104,8 @@ def mean_ci(values: Sequence[float], *, n_boot: int = 1000, seed: int = 0) -> di
     v = np.asarray(values, dtype=float)
     rng = np.random.default_rng(seed)
     means = rng.choice(v, size=(n_boot, len(v)), replace=True).mean(1) if len(v) > 1 else np.array([v.mean()])
-    return {"value": float(v.mean()), "ci_low": float(np.percentile(means, 2.5)),
-            "ci_high": float(np.percentile(means, 97.5))}
+    return {
+        "value": float(v.mean()),
+        "ci_low": float(np.percentile(means, 2.5)),
+        "ci_high": float(np.percentile(means, 97.5)),
+    }

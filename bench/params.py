@@ -16,6 +16,7 @@ NaN is never valid. ``+inf`` is accepted only where declared (``allow_inf=True``
 Also here: the check of what a defense reports (an epsilon must be None or finite and >= 0, else the
 cell fails) and of the harness's own values (``--seeds`` bounded, ``--out`` a writable directory).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,8 +66,12 @@ class Range:
             return "not a number (NaN)"
         if math.isinf(v) and not (self.allow_inf and v > 0):
             return "not finite"
-        if (self.ge is not None and not v >= self.ge) or (self.gt is not None and not v > self.gt) \
-                or (self.le is not None and not v <= self.le) or (self.lt is not None and not v < self.lt):
+        if (
+            (self.ge is not None and not v >= self.ge)
+            or (self.gt is not None and not v > self.gt)
+            or (self.le is not None and not v <= self.le)
+            or (self.lt is not None and not v < self.lt)
+        ):
             return "out of range"
         return None
 
@@ -77,8 +82,16 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
-def param(default: Any = dataclasses.MISSING, *, ge: float | None = None, gt: float | None = None,
-          le: float | None = None, lt: float | None = None, allow_inf: bool = False, **kwargs: Any) -> Any:
+def param(
+    default: Any = dataclasses.MISSING,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    allow_inf: bool = False,
+    **kwargs: Any,
+) -> Any:
     """A dataclass field with a declared valid range (for a tuple field: of each element)."""
     rng = Range(ge=ge, gt=gt, le=le, lt=lt, allow_inf=allow_inf)
     meta = {**kwargs.pop("metadata", {}), RANGE_KEY: rng}
@@ -128,8 +141,11 @@ def _type_error(scalar: Any, v: Any) -> str | None:
         ok = isinstance(v, int) and not isinstance(v, bool)
         return None if ok else f"expected an integer, got {type(v).__name__}"
     if scalar is float:
-        return None if isinstance(v, (int, float)) and not isinstance(v, bool) else \
-            f"expected a number, got {type(v).__name__}"
+        return (
+            None
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+            else f"expected a number, got {type(v).__name__}"
+        )
     return None
 
 
@@ -196,8 +212,9 @@ def check_values(cls: type, values: Mapping[str, Any], kind: str, *, given: Mapp
                 raise UsageError(bad_value_message(kind, cls, k, v, problem, given))
 
 
-def bad_value_message(kind: str, cls: type, name: str, value: Any, problem: str,
-                      given: Mapping[str, Any] | None) -> str:
+def bad_value_message(
+    kind: str, cls: type, name: str, value: Any, problem: str, given: Mapping[str, Any] | None
+) -> str:
     raw = (given or {}).get(name)
     shown = raw if isinstance(raw, str) else repr(value)
     if isinstance(raw, str) and isinstance(value, float) and not math.isfinite(value) and raw != str(value):
@@ -224,8 +241,10 @@ def check_privacy(privacy: Mapping[str, Any], defense: str) -> None:
     for key in PRIVACY_EPSILONS:
         v = privacy.get(key)
         if not valid_epsilon(v):
-            raise ValueError(f"defense {defense!r} reported {key}={v!r}: an epsilon must be None (no guarantee) "
-                             "or a finite number >= 0")
+            raise ValueError(
+                f"defense {defense!r} reported {key}={v!r}: an epsilon must be None (no guarantee) "
+                "or a finite number >= 0"
+            )
     delta = privacy.get("delta")
     if delta is not None and not (isinstance(delta, (int, float)) and 0 < delta < 1):
         raise ValueError(f"defense {defense!r} used delta={delta!r}: a DP delta must be in (0, 1)")

@@ -1,6 +1,7 @@
 """Progress bars (tqdm) that stay quiet when BENCH_QUIET=1, the done fraction of a running work unit (for
 the run's bar), and the switch that keeps third-party loading noise (weight-loading bars, deprecation
 warnings, transformers logging) out of the terminal."""
+
 from __future__ import annotations
 
 import contextlib
@@ -22,13 +23,15 @@ def _disabled() -> bool:
     return os.environ.get("BENCH_QUIET") == "1" or os.environ.get(QUIET_ENV) == "1"
 
 
-def progress(it: Iterable[T], *, desc: str = "", total: int | None = None, leave: bool = True,
-             unit: bool = False) -> Iterable[T]:
+def progress(
+    it: Iterable[T], *, desc: str = "", total: int | None = None, leave: bool = True, unit: bool = False
+) -> Iterable[T]:
     """A tqdm loop. ``unit``: the loop is its work unit's main loop, so inside ``unit_progress`` its done
     fraction (refined by the tracked loops nested in it) goes to the run's progress bar."""
     n = total if total is not None else (len(it) if isinstance(it, Sized) else None)
-    return tqdm(_tracked(it, n, unit), desc=desc, total=n, leave=leave, disable=_disabled(), dynamic_ncols=True,
-                mininterval=1.0)
+    return tqdm(
+        _tracked(it, n, unit), desc=desc, total=n, leave=leave, disable=_disabled(), dynamic_ncols=True, mininterval=1.0
+    )
 
 
 def nested(it: Iterable[T], *, total: int | None = None) -> Iterable[T]:
@@ -86,8 +89,15 @@ def progress_bar(*, total: float, desc: str = "", unit: str = "it", weighted: bo
     """A manually updated bar (``.update(n)``). ``weighted``: ``total`` is estimated seconds of work and each
     unit advances it by its own estimate, so the ETA follows the expensive work, not the count of cells."""
     fmt = "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]" if weighted else None
-    return tqdm(total=total, desc=desc, unit=unit, disable=os.environ.get("BENCH_QUIET") == "1", dynamic_ncols=True,
-                mininterval=1.0, bar_format=fmt)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        disable=os.environ.get("BENCH_QUIET") == "1",
+        dynamic_ncols=True,
+        mininterval=1.0,
+        bar_format=fmt,
+    )
 
 
 NOISY_LOGGERS = ("transformers", "diffusers", "huggingface_hub", "timm", "peft", "accelerate", "torch.distributed")
@@ -114,9 +124,11 @@ def silence_third_party() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     # libraries already imported read the environment too early: switch their bars off directly
     # (huggingface_hub's switch also covers a transformers imported later)
-    for mod, fn in (("huggingface_hub.utils", "disable_progress_bars"),
-                    ("transformers.utils.logging", "disable_progress_bar"),
-                    ("diffusers.utils.logging", "disable_progress_bar")):
+    for mod, fn in (
+        ("huggingface_hub.utils", "disable_progress_bars"),
+        ("transformers.utils.logging", "disable_progress_bar"),
+        ("diffusers.utils.logging", "disable_progress_bar"),
+    ):
         m = sys.modules.get(mod)
         if m is not None and hasattr(m, fn):
             getattr(m, fn)()

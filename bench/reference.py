@@ -14,6 +14,7 @@ Reference runs are cached like training runs (safetensors + JSON, ``bench.cachef
 ``<cache>/reference/<key>``, the key = the target's train key + the reference index + a fingerprint of the
 reference's training data, so every cell and view of a (task, defense, seed) reuses them.
 """
+
 from __future__ import annotations
 
 import sys
@@ -70,8 +71,10 @@ def population_split(n_population: int, n_train: int, seed: int) -> PopulationSp
     must hold one reference training set."""
     half = n_population // 2
     if half < n_train:
-        raise ValueError(f"the population has {n_population} items; reference models need a training pool of "
-                         f"{n_train} (the target's training-set size) plus as many z samples, {2 * n_train} in all")
+        raise ValueError(
+            f"the population has {n_population} items; reference models need a training pool of "
+            f"{n_train} (the target's training-set size) plus as many z samples, {2 * n_train} in all"
+        )
     perm = np.random.default_rng([seed, REF_SALT]).permutation(n_population).tolist()
     return PopulationSplit(perm[:half], perm[half:])
 
@@ -90,11 +93,19 @@ def reference_task(task: Task, defense: Defense | None, items: list[Any]) -> Tas
     chunks: list[Dataset] = []
     start = 0
     for n in sizes:
-        chunks.append(cast(Dataset, items[start:start + n]))  # a list is a map-style dataset
+        chunks.append(cast(Dataset, items[start : start + n]))  # a list is a map-style dataset
         start += n
     central = defense is not None and defense.setting == "central"
-    return replace(task, client_data=chunks, central_data=chunks[0] if central else None, nonmembers=None,
-                   population=None, recon_targets=None, eval_subsets=None, source=None)
+    return replace(
+        task,
+        client_data=chunks,
+        central_data=chunks[0] if central else None,
+        nonmembers=None,
+        population=None,
+        recon_targets=None,
+        eval_subsets=None,
+        source=None,
+    )
 
 
 def _cache_dirs(cache_root: Path) -> tuple[Path, Path]:
@@ -109,8 +120,14 @@ def get_reference(task: Task, defense: Defense, seed: int, r: int, cache_root: P
     n_train = sum(training_sizes(task, defense))
     split = population_split(n_items(task.population), n_train, seed)
     items = [task.population[i] for i in reference_indices(split, n_train, seed, r)]
-    key = stable_hash({"target": train_key(task, defense, seed), "reference": r, "seed": ref_seed(seed, r),
-                       "data": fingerprint(items)})
+    key = stable_hash(
+        {
+            "target": train_key(task, defense, seed),
+            "reference": r,
+            "seed": ref_seed(seed, r),
+            "data": fingerprint(items),
+        }
+    )
     if key in _MEMO:
         return _MEMO[key]
     stem = qdir = None
@@ -120,20 +137,33 @@ def get_reference(task: Task, defense: Defense, seed: int, r: int, cache_root: P
         hit = cachefile.load(stem, _decode, quarantine_dir=qdir)
         if hit is not None:
             return _remember(key, hit)
-    _, res = run_federated(reference_task(task, defense, items), defense, ref_seed(seed, r),
-                           desc=f"reference {r} {task.id} {label(defense)} s{seed}")
+    _, res = run_federated(
+        reference_task(task, defense, items),
+        defense,
+        ref_seed(seed, r),
+        desc=f"reference {r} {task.id} {label(defense)} s{seed}",
+    )
     if sum(t.numel() for t in res.global_state.values()) > MAX_CLIENT_NUMEL:  # as the target run keeps
         keep = target_client(res, seed=seed, num_clients=len(task.client_data))
         res.client_latest = {c: v for c, v in res.client_latest.items() if c == keep}
     if stem is not None:
         tensors, meta = _encode(res)
-        meta["key"] = {"task": task.id, "preset": task.preset, "defense": defense.name,
-                       "params": params_of(defense), "seed": seed, "reference": r, "n_train": n_train}
+        meta["key"] = {
+            "task": task.id,
+            "preset": task.preset,
+            "defense": defense.name,
+            "params": params_of(defense),
+            "seed": seed,
+            "reference": r,
+            "n_train": n_train,
+        }
         try:
             cachefile.save(stem, tensors, meta)
         except (TypeError, ValueError, OSError) as e:  # the run is fine: use it, retrain next time
-            print(f"warning: reference cache {r} for {label(defense)} seed {seed} not written: "  # noqa: T201
-                  f"{type(e).__name__}: {e}", file=sys.stderr)
+            print(  # noqa: T201
+                f"warning: reference cache {r} for {label(defense)} seed {seed} not written: {type(e).__name__}: {e}",
+                file=sys.stderr,
+            )
     return _remember(key, res)
 
 
@@ -177,12 +207,25 @@ class Reference:
         n = self.count(n)
         while len(self._models) < n:
             self._models.append(self._model(len(self._models)))
-        recipe = ("base model (the target was not fine-tuned)" if self.defense is None else
-                  f"{label(self.defense)} on {self.task.id}, the target's FL settings and training-set sizes"
-                  + ("; each client's model against the reference run's client of the same index (one client's local "
-                     "training)" if self.view == "client_model" else ""))
-        self.used.update({"setting": "offline", "n_reference": n, "recipe": recipe,
-                          "reference_data": "population, disjoint from every candidate"})
+        recipe = (
+            "base model (the target was not fine-tuned)"
+            if self.defense is None
+            else f"{label(self.defense)} on {self.task.id}, the target's FL settings and training-set sizes"
+            + (
+                "; each client's model against the reference run's client of the same index (one client's local "
+                "training)"
+                if self.view == "client_model"
+                else ""
+            )
+        )
+        self.used.update(
+            {
+                "setting": "offline",
+                "n_reference": n,
+                "recipe": recipe,
+                "reference_data": "population, disjoint from every candidate",
+            }
+        )
         return self._models[:n]
 
     def _model(self, r: int) -> nn.Module:
@@ -202,8 +245,7 @@ class Reference:
         """Up to ``n`` z samples from the z pool (in no reference model's training data)."""
         if self.task.population is None:
             raise ValueError(f"task {self.task.id} has no population data")
-        split = population_split(n_items(self.task.population), sum(training_sizes(self.task, self.defense)),
-                                 self.seed)
+        split = population_split(n_items(self.task.population), sum(training_sizes(self.task, self.defense)), self.seed)
         z = [self.task.population[i] for i in split.z_pool[:n]]
         self.used["n_population_z"] = len(z)
         return z
@@ -212,6 +254,8 @@ class Reference:
 def population_reason(task: Any) -> str | None:
     """Why a task (a :class:`bench.types.TaskSpec`) cannot feed reference models (for ``Attack.applies``), or None."""
     if int(task.population_size or 0) <= 0:
-        return ("needs population data disjoint from the candidates to train reference models; this task "
-                "has none (api.population_size is 0)")
+        return (
+            "needs population data disjoint from the candidates to train reference models; this task "
+            "has none (api.population_size is 0)"
+        )
     return None

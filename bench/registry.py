@@ -4,6 +4,7 @@ One decorator per method; the registry key is the file name (``defenses/fedrand.
 Collisions raise; unknown names list the choices and a "did you mean". Contributed defenses come
 from the ``bench.defenses`` entry-point group or from a ``.py`` path given on the command line.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,6 @@ if TYPE_CHECKING:  # annotations only: importing the registry stays light
     from .types import Attack, Defense
 
 T = TypeVar("T")
-
-
 
 
 class Registry(Generic[T]):
@@ -79,8 +78,11 @@ class Registry(Generic[T]):
 
     def _entry_points(self) -> dict[str, Any]:
         if self._eps is None:
-            self._eps = {ep.name: ep for ep in metadata.entry_points(group=self.entry_point_group)} \
-                if self.entry_point_group else {}
+            self._eps = (
+                {ep.name: ep for ep in metadata.entry_points(group=self.entry_point_group)}
+                if self.entry_point_group
+                else {}
+            )
         return self._eps
 
     def _load_entry_point(self, key: str) -> None:
@@ -115,8 +117,10 @@ class Registry(Generic[T]):
         """
         p = Path(path)
         if p.suffix != ".py":
-            raise UsageError(f"{self.kind} {path!r} is neither a registered name nor a Python file (.py). "
-                             f"Valid choices: {', '.join(self.names())}, or a path to a .py file")
+            raise UsageError(
+                f"{self.kind} {path!r} is neither a registered name nor a Python file (.py). "
+                f"Valid choices: {', '.join(self.names())}, or a path to a .py file"
+            )
         try:
             is_file, key = p.is_file(), str(p.resolve())
         except (OSError, ValueError) as e:  # a name too long, a NUL byte, a symlink loop
@@ -185,8 +189,14 @@ def _describe_import_error(e: BaseException, path: Path) -> str:
         return f"SyntaxError: {e.msg} (line {e.lineno})"
     if isinstance(e, SystemExit):
         return f"it called sys.exit({e.code!r}) while importing"
-    line = next((fr.lineno for fr in reversed(traceback.extract_tb(e.__traceback__))
-                 if Path(fr.filename).resolve() == path.resolve()), None)
+    line = next(
+        (
+            fr.lineno
+            for fr in reversed(traceback.extract_tb(e.__traceback__))
+            if Path(fr.filename).resolve() == path.resolve()
+        ),
+        None,
+    )
     msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
     return f"{type(e).__name__}: {msg}" + (f" (line {line})" if line else "")
 
@@ -268,15 +278,15 @@ def build(cls: type, overrides: Mapping[str, Any], kind: str) -> Any:
     except Exception as e:  # noqa: BLE001 - a contributed annotation naming something undefined
         raise UsageError(f"{kind} {name!r}: the types of its fields cannot be read ({type(e).__name__}: {e})") from None
     if not isinstance(overrides, Mapping):
-        raise UsageError(f"{kind} {name!r}: a configuration must be a mapping of parameter names to values, "
-                         f"got {overrides!r}")
+        raise UsageError(
+            f"{kind} {name!r}: a configuration must be a mapping of parameter names to values, got {overrides!r}"
+        )
     kwargs = {}
     for k, v in overrides.items():
         if k not in fields:
             choices = ", ".join(sorted(fields)) or "none"
             raise UsageError(f"{kind} {name!r} has no parameter {k!r}. Valid parameters: {choices}")
-        kwargs[k] = parse_value(v, hints[k], f"{kind} {name}:{k}") if isinstance(v, str) and hints[k] is not str \
-            else v
+        kwargs[k] = parse_value(v, hints[k], f"{kind} {name}:{k}") if isinstance(v, str) and hints[k] is not str else v
     given = {k: v for k, v in overrides.items() if isinstance(v, str)}
     if fields:
         check_values(cls, kwargs, kind, given=given)
@@ -367,16 +377,21 @@ def expand(registry: Registry, arg: str, *, full_grid: bool = True) -> list[Any]
         for cfg in configs:
             key = _config_key(cfg)
             if key in seen:
-                raise UsageError(f"{registry.kind} {_config_label(cfg)} is given twice (by {seen[key]!r} and "
-                                 f"{spec!r}); give each {registry.kind} configuration once")
+                raise UsageError(
+                    f"{registry.kind} {_config_label(cfg)} is given twice (by {seen[key]!r} and "
+                    f"{spec!r}); give each {registry.kind} configuration once"
+                )
             seen[key] = spec
             out.append(cfg)
     return out
 
 
 def _params(obj: Any) -> list[tuple[str, Any]]:
-    return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init] \
-        if dataclasses.is_dataclass(obj) else []
+    return (
+        [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init]
+        if dataclasses.is_dataclass(obj)
+        else []
+    )
 
 
 def _config_key(obj: Any) -> tuple:

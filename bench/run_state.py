@@ -5,6 +5,7 @@ paper`` across scenarios). Anything that depends on the task or accumulates duri
 delta, a server optimiser's state) therefore lives in a :class:`~bench.types.DefenseRun` made here once
 per (task, defense, seed) and handed to the defense on every :class:`~bench.types.RoundCtx`.
 """
+
 from __future__ import annotations
 
 from .types import Defense, DefenseRun, RoundCtx, TaskSpec

@@ -4,6 +4,7 @@ Incompatible cells are recorded ``n/a`` with the reason, a raising cell ``failed
 the run goes on. Training per (task, defense, seed) is cached; finished cells are skipped on re-run.
 Membership attacks also run on the un-fine-tuned base model (defense ``base``) as the shift check.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -50,19 +51,35 @@ class Cell:
 
     @property
     def id(self) -> str:
-        return stable_hash({"task": self.task.id, "preset": self.task.preset, "cfg": self.task.config_hash(),
-                            "defense": self.defense_label, "attack": label(self.attack), "view": self.view,
-                            "seed": self.seed})
+        return stable_hash(
+            {
+                "task": self.task.id,
+                "preset": self.task.preset,
+                "cfg": self.task.config_hash(),
+                "defense": self.defense_label,
+                "attack": label(self.attack),
+                "view": self.view,
+                "seed": self.seed,
+            }
+        )
 
     def skeleton(self) -> dict[str, Any]:
-        return {"cell_id": self.id, "scenario": self.task.scenario, "task": self.task.id, "preset": self.task.preset,
-                "defense": self.defense.name if self.defense else "base",
-                "defense_params": params_of(self.defense) if self.defense else {},
-                "defense_label": self.defense_label, "attack": self.attack.name,
-                "attack_params": params_of(self.attack), "attack_label": label(self.attack),
-                "attack_kind": self.attack.kind, "view": self.view, "seed": self.seed,
-                "provenance": {**provenance(), "config_hash": self.task.config_hash(),
-                               "started_at": utc_stamp()}}
+        return {
+            "cell_id": self.id,
+            "scenario": self.task.scenario,
+            "task": self.task.id,
+            "preset": self.task.preset,
+            "defense": self.defense.name if self.defense else "base",
+            "defense_params": params_of(self.defense) if self.defense else {},
+            "defense_label": self.defense_label,
+            "attack": self.attack.name,
+            "attack_params": params_of(self.attack),
+            "attack_label": label(self.attack),
+            "attack_kind": self.attack.kind,
+            "view": self.view,
+            "seed": self.seed,
+            "provenance": {**provenance(), "config_hash": self.task.config_hash(), "started_at": utc_stamp()},
+        }
 
 
 def views_of(defense: Defense) -> tuple[str, ...]:
@@ -84,25 +101,40 @@ def plan(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seed
             for attack in attacks:
                 a_na, a_err = _applies(attack, task.api)
                 if attack.kind == "membership":  # the base model on the same candidates, in every view run
-                    exposed = {v for d in defenses if d.applies(task.api) is None for v in views_of(d)} \
-                        or {"global_model"}
+                    exposed = {v for d in defenses if d.applies(task.api) is None for v in views_of(d)} or {
+                        "global_model"
+                    }
                     for base_view in (v for v in attack.views if v in exposed and v != "client_update"):
                         cells.append(Cell(task, None, attack, base_view, seed, na=a_na, error=a_err))
                 for defense in defenses:
                     d_na, d_err = _applies(defense, task.api)
                     views = [v for v in attack.views if v in views_of(defense)]
                     if not views:
-                        cells.append(Cell(task, defense, attack, attack.views[0], seed,
-                                          na=f"{attack.name} observes {'/'.join(attack.views)}; "
-                                             f"{defense.name} exposes {'/'.join(views_of(defense))}"))
+                        cells.append(
+                            Cell(
+                                task,
+                                defense,
+                                attack,
+                                attack.views[0],
+                                seed,
+                                na=f"{attack.name} observes {'/'.join(attack.views)}; "
+                                f"{defense.name} exposes {'/'.join(views_of(defense))}",
+                            )
+                        )
                         continue
                     for view in views:
                         mode = defense.fl_mode() or task.fl.mode
-                        v_na = (f"client_model needs weight messages; {defense.name} sends gradients (FedSGD), "
-                                f"so there is no client model to reconstruct") \
-                            if view == "client_model" and mode == "fedsgd" else None
-                        cells.append(Cell(task, defense, attack, view, seed, na=d_na or a_na or v_na,
-                                          error=d_err or a_err))
+                        v_na = (
+                            (
+                                f"client_model needs weight messages; {defense.name} sends gradients (FedSGD), "
+                                f"so there is no client model to reconstruct"
+                            )
+                            if view == "client_model" and mode == "fedsgd"
+                            else None
+                        )
+                        cells.append(
+                            Cell(task, defense, attack, view, seed, na=d_na or a_na or v_na, error=d_err or a_err)
+                        )
     return cells
 
 
@@ -147,11 +179,15 @@ class Unit:
         t = self.task
         if isinstance(t, Task):
             if t.source is None:
-                raise ValueError(f"task {t.id} has no `source` builder, so a worker process cannot rebuild it; "
-                                 f"run it with the inline executor")
+                raise ValueError(
+                    f"task {t.id} has no `source` builder, so a worker process cannot rebuild it; "
+                    f"run it with the inline executor"
+                )
             t = TaskRef(t.source, t.id, t.config_hash())
-        names = (self.defense.name if self.defense is not None else "",
-                 self.attack.name if self.attack is not None else "")
+        names = (
+            self.defense.name if self.defense is not None else "",
+            self.attack.name if self.attack is not None else "",
+        )
         return replace(self, task=t, registered=names)
 
 
@@ -169,8 +205,10 @@ def resolve_task(t: Task | TaskRef) -> Task:
         for b in built if isinstance(built, (list, tuple)) else [built]:
             _TASKS[(b.id, b.config_hash())] = b
     if key not in _TASKS:
-        raise RuntimeError(f"rebuilding task {t.task_id} in the worker gave another configuration "
-                           f"(config hash {t.config_hash} not among {sorted(h for i, h in _TASKS if i == t.task_id)})")
+        raise RuntimeError(
+            f"rebuilding task {t.task_id} in the worker gave another configuration "
+            f"(config hash {t.config_hash} not among {sorted(h for i, h in _TASKS if i == t.task_id)})"
+        )
     return _TASKS[key]
 
 
@@ -241,8 +279,15 @@ def execute_unit(unit: Unit) -> dict:
         raise
     except BaseException as e:
         reason, restart = failure_reason(e)
-        res: dict[str, Any] = {**base, "status": "failed", "reason": reason, "traceback": traceback.format_exc(limit=8),
-               "wall_s": time.time() - t0, "restart": restart, "written": False}
+        res: dict[str, Any] = {
+            **base,
+            "status": "failed",
+            "reason": reason,
+            "traceback": traceback.format_exc(limit=8),
+            "wall_s": time.time() - t0,
+            "restart": restart,
+            "written": False,
+        }
         if unit.kind == "cell" and unit.skeleton is not None:
             try:
                 write_failed(Store(out), unit.skeleton, reason, traceback=res["traceback"])
@@ -257,8 +302,15 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
     defense = unit.defense
     assert unit.attack is not None and unit.skeleton is not None  # a cell unit
     cell = Cell(task, defense, unit.attack, unit.view, unit.seed)
-    rec = {**unit.skeleton, "provenance": {**unit.skeleton["provenance"], "started_at": utc_stamp(),
-                                           "device": unit.device, "precision": precision_of(task)}}
+    rec = {
+        **unit.skeleton,
+        "provenance": {
+            **unit.skeleton["provenance"],
+            "started_at": utc_stamp(),
+            "device": unit.device,
+            "precision": precision_of(task),
+        },
+    }
     train = _training(task, defense, unit.seed, out) if defense is not None else None
     t1 = time.time()  # the attack's time excludes loading the training run (cost.train_wall_s has it)
     restart = False
@@ -275,15 +327,25 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
     rec["privacy"] = _privacy(task, defense, train)
     if rec.get("status") == "ok" and rec.get("per_candidate"):  # empirical epsilon audit (bench.audit)
         rec["privacy"]["epsilon_lower_bound"] = record_bound(
-            rec["per_candidate"], delta=audit_delta(rec["privacy"].get("delta")), attack=rec["attack_label"])
+            rec["per_candidate"], delta=audit_delta(rec["privacy"].get("delta")), attack=rec["attack_label"]
+        )
     try:
         store.write(rec)
     except (TypeError, ValueError) as e:  # unserialisable or failing the schema: keep the cell, as failed
-        rec = {**unit.skeleton, "status": "failed", "reason": f"record not written: {e}",
-               "cost": {"attack_wall_s": rec["cost"]["attack_wall_s"]}}
+        rec = {
+            **unit.skeleton,
+            "status": "failed",
+            "reason": f"record not written: {e}",
+            "cost": {"attack_wall_s": rec["cost"]["attack_wall_s"]},
+        }
         store.write(rec)
-    return {"status": rec["status"], "reason": rec.get("reason", ""), "wall_s": rec["cost"]["attack_wall_s"],
-            "restart": restart, "written": True}
+    return {
+        "status": rec["status"],
+        "reason": rec.get("reason", ""),
+        "wall_s": rec["cost"]["attack_wall_s"],
+        "restart": restart,
+        "written": True,
+    }
 
 
 def write_failed(store: Store, skeleton: dict, reason: str, *, traceback: str = "") -> None:
@@ -330,9 +392,18 @@ class InlineExecutor:
         pass
 
 
-
-def run(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds: list[int], out: Path, *,
-        executor=None, estimator=None, on_plan=None, device: str = "cpu") -> RunSummary:
+def run(
+    tasks: list[Task],
+    defenses: list[Defense],
+    attacks: list[Attack],
+    seeds: list[int],
+    out: Path,
+    *,
+    executor=None,
+    estimator=None,
+    on_plan=None,
+    device: str = "cpu",
+) -> RunSummary:
     """Run every unfinished cell of the matrix through ``executor`` (default: in this process).
 
     ``estimator`` (bench.runplan.CostModel) weights the progress bar; ``on_plan(plan)`` is called with the
@@ -355,8 +426,19 @@ def run(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds
     ship = (lambda u: u.portable()) if portable else (lambda u: u)
 
     def cell_unit(c: Cell) -> Unit:
-        return Unit("cell", c.id, c.task, c.defense, c.attack, c.view, c.seed, str(out), c.skeleton(),
-                    estimator.cell_cost(c), device)
+        return Unit(
+            "cell",
+            c.id,
+            c.task,
+            c.defense,
+            c.attack,
+            c.view,
+            c.seed,
+            str(out),
+            c.skeleton(),
+            estimator.cell_cost(c),
+            device,
+        )
 
     bar = progress_bar(total=max(pl.est_total_s, 1e-9), desc="work", unit="s", weighted=True)
     pending: dict[Any, tuple[Unit, list[Cell]]] = {}
@@ -404,8 +486,19 @@ def run(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds
         for key, group in pl.groups.items():
             task, defense, seed = group[0].task, group[0].defense, group[0].seed
             if key in pl.needs_training:
-                submit(Unit("train", train_key(task, defense, seed), task, defense, seed=seed, out=str(out),
-                            cost=estimator.train_cost(task, defense), device=device), group)
+                submit(
+                    Unit(
+                        "train",
+                        train_key(task, defense, seed),
+                        task,
+                        defense,
+                        seed=seed,
+                        out=str(out),
+                        cost=estimator.train_cost(task, defense),
+                        device=device,
+                    ),
+                    group,
+                )
         for key, group in pl.groups.items():  # base-model groups and groups whose training is cached
             if key not in pl.needs_training:
                 fanout(group)
@@ -426,8 +519,12 @@ def run(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds
                         fanout(group)
                     else:
                         for c in group:
-                            write_failed(store, c.skeleton(), f"training failed: {res['reason']}",
-                                         traceback=res.get("traceback", ""))
+                            write_failed(
+                                store,
+                                c.skeleton(),
+                                f"training failed: {res['reason']}",
+                                traceback=res.get("traceback", ""),
+                            )
                             summary.counts["failed"] += 1
                             bar.update(estimator.cell_cost(c))
                     continue
@@ -449,12 +546,14 @@ def run(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds
 def _attack_cell(cell: Cell, train, store: Store) -> dict:
     """Run one applicable cell; this process keeps the last group's reconstruction probes."""
     if cell.attack.kind == "membership":
-        return run_membership(cell.task, cell.defense, cell.attack, cell.view, train, cell.seed,
-                              cache_root=store.out / "cache")  # reference models ([RMIA]) cache beside training
+        return run_membership(
+            cell.task, cell.defense, cell.attack, cell.view, train, cell.seed, cache_root=store.out / "cache"
+        )  # reference models ([RMIA]) cache beside training
     if cell.view != "client_update":
         raise ValueError(f"reconstruction attack {cell.attack.name} needs the client_update view")
-    key = stable_hash({"task": cell.task.id, "cfg": cell.task.config_hash(), "defense": cell.defense_label,
-                       "seed": cell.seed})
+    key = stable_hash(
+        {"task": cell.task.id, "cfg": cell.task.config_hash(), "defense": cell.defense_label, "seed": cell.seed}
+    )
     if _SHARED["key"] != key:
         _SHARED.update(key=None, probes=None)
         assert cell.defense is not None  # reconstruction cells attack a defense's client update
@@ -466,10 +565,14 @@ def _costs(train, defense) -> dict[str, Any]:
     if train is None:
         return {}
     rounds = max(1, len(train.bytes_down))
-    return {"bytes_up_per_round": sum(m["bytes"] for m in train.transcript) / rounds,
-            "params_up_per_round": sum(m["numel"] for m in train.transcript) / rounds,
-            "bytes_down_per_round": sum(train.bytes_down) / rounds,
-            "rounds": len(train.bytes_down), "train_wall_s": train.wall_s, "peak_mem_mb": train.peak_mem_mb}
+    return {
+        "bytes_up_per_round": sum(m["bytes"] for m in train.transcript) / rounds,
+        "params_up_per_round": sum(m["numel"] for m in train.transcript) / rounds,
+        "bytes_down_per_round": sum(train.bytes_down) / rounds,
+        "rounds": len(train.bytes_down),
+        "train_wall_s": train.wall_s,
+        "peak_mem_mb": train.peak_mem_mb,
+    }
 
 
 def _privacy(task: Task, defense: Defense | None, train) -> dict[str, Any]:
@@ -478,10 +581,13 @@ def _privacy(task: Task, defense: Defense | None, train) -> dict[str, Any]:
     # delta is the harness's (the one run_federated's DefenseRun used), never state read off the defense
     fl = task.fl
     central = defense.setting == "central"
-    rec = privacy_record(defense, delta=resolve_delta(defense, task.api),
-                         rounds=len(train.bytes_down) if train is not None else fl.rounds,
-                         sample_rate=1.0 if central else fl.clients_per_round / fl.num_clients,
-                         names=tuple(train.global_state) if train is not None else None,
-                         n_samples=sum(n_items(d) for d in task.client_data))
+    rec = privacy_record(
+        defense,
+        delta=resolve_delta(defense, task.api),
+        rounds=len(train.bytes_down) if train is not None else fl.rounds,
+        sample_rate=1.0 if central else fl.clients_per_round / fl.num_clients,
+        names=tuple(train.global_state) if train is not None else None,
+        n_samples=sum(n_items(d) for d in task.client_data),
+    )
     check_privacy(rec, defense.name)  # a NaN / negative / infinite epsilon fails the cell with the reason
     return rec

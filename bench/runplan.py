@@ -4,6 +4,7 @@ Estimates come from a per-family cost model (seconds per training run and per at
 whose rough defaults are replaced by the medians of earlier records' ``cost.train_wall_s`` /
 ``cost.attack_wall_s`` in the same ``--out`` wherever there are any (same task and defense / attack).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -17,10 +18,18 @@ from typing import Any
 # cell, reconstruction cell). Only a fallback: earlier records in --out replace them.
 DEFAULT_COST_S: dict[str, dict[str, tuple[float, float, float]]] = {
     "smoke": {"image-cls": (2, 1, 3), "llm-text": (3, 2, 2), "vlm-caption": (4, 2, 2), "ldm-t2i": (4, 2, 2)},
-    "default": {"image-cls": (300, 60, 1500), "llm-text": (600, 120, 120), "vlm-caption": (900, 180, 180),
-                "ldm-t2i": (1200, 300, 300)},
-    "paper": {"image-cls": (3000, 600, 6000), "llm-text": (6000, 1200, 1200), "vlm-caption": (9000, 1800, 1800),
-              "ldm-t2i": (12000, 3000, 3000)},
+    "default": {
+        "image-cls": (300, 60, 1500),
+        "llm-text": (600, 120, 120),
+        "vlm-caption": (900, 180, 180),
+        "ldm-t2i": (1200, 300, 300),
+    },
+    "paper": {
+        "image-cls": (3000, 600, 6000),
+        "llm-text": (6000, 1200, 1200),
+        "vlm-caption": (9000, 1800, 1800),
+        "ldm-t2i": (12000, 3000, 3000),
+    },
 }
 FALLBACK = (5.0, 2.0, 5.0)
 
@@ -51,11 +60,13 @@ class CostModel:
                     if isinstance(cost.get("attack_wall_s"), (int, float)):
                         cell[(r["task"], r["attack"], r["view"])].append(float(cost["attack_wall_s"]))
             except Exception as e:  # noqa: BLE001 - an estimate only: say so and use the defaults
-                sys.stderr.write(f"note: cost model uses its defaults (earlier records unreadable: "
-                                 f"{type(e).__name__}: {e})\n")
+                sys.stderr.write(
+                    f"note: cost model uses its defaults (earlier records unreadable: {type(e).__name__}: {e})\n"
+                )
                 return cls()
-        return cls({k: statistics.median(v) for k, v in train.items()},
-                   {k: statistics.median(v) for k, v in cell.items()}, n)
+        return cls(
+            {k: statistics.median(v) for k, v in train.items()}, {k: statistics.median(v) for k, v in cell.items()}, n
+        )
 
     @staticmethod
     def _default(task) -> tuple[float, float, float]:
@@ -99,16 +110,21 @@ class Plan:
         return self.est_total_s / max(1, self.jobs)
 
     def render(self) -> str:
-        src = f"medians of {self.learned_from} earlier records where they exist, rough defaults otherwise" \
-            if self.learned_from else "rough per-family defaults (no earlier records in --out)"
-        return "\n".join([
-            f"plan: {self.planned} cells planned, {self.applicable} applicable "
-            f"({self.planned - self.applicable} n/a), {self.done} already done, {self.to_run} to run",
-            f"      training runs: {self.trainings} used by the cells to run, {len(self.needs_training)} to train "
-            f"({self.trainings - len(self.needs_training)} cached)",
-            f"      estimated time: {fmt_duration(self.est_wall_s)} with {self.jobs} job(s) "
-            f"({fmt_duration(self.est_total_s)} of work; {src})",
-        ])
+        src = (
+            f"medians of {self.learned_from} earlier records where they exist, rough defaults otherwise"
+            if self.learned_from
+            else "rough per-family defaults (no earlier records in --out)"
+        )
+        return "\n".join(
+            [
+                f"plan: {self.planned} cells planned, {self.applicable} applicable "
+                f"({self.planned - self.applicable} n/a), {self.done} already done, {self.to_run} to run",
+                f"      training runs: {self.trainings} used by the cells to run, {len(self.needs_training)} to train "
+                f"({self.trainings - len(self.needs_training)} cached)",
+                f"      estimated time: {fmt_duration(self.est_wall_s)} with {self.jobs} job(s) "
+                f"({fmt_duration(self.est_total_s)} of work; {src})",
+            ]
+        )
 
 
 def fmt_duration(s: float) -> str:
@@ -149,5 +165,12 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
 
 
 def plan_dict(pl: Plan) -> dict[str, Any]:
-    return {"planned": pl.planned, "applicable": pl.applicable, "done": pl.done, "to_run": pl.to_run,
-            "trainings": pl.trainings, "to_train": len(pl.needs_training), "est_wall_s": pl.est_wall_s}
+    return {
+        "planned": pl.planned,
+        "applicable": pl.applicable,
+        "done": pl.done,
+        "to_run": pl.to_run,
+        "trainings": pl.trainings,
+        "to_train": len(pl.needs_training),
+        "est_wall_s": pl.est_wall_s,
+    }

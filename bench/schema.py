@@ -4,6 +4,7 @@ pydantic v2 models: numbers must be real numbers (a metric value "garbage" or Na
 names that become paths (scenario, cell_id) must be plain file names, artifact paths must be relative to the
 output directory. Fields the harness adds beyond the documented ones (traceback, n_candidates, ...) pass.
 """
+
 from __future__ import annotations
 
 from pathlib import PurePosixPath
@@ -33,6 +34,7 @@ FileName = Annotated[str, Field(strict=True, pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_
 
 class _Open(BaseModel):
     """Documented fields typed; further fields allowed (the harness may add diagnostics)."""
+
     model_config = ConfigDict(extra="allow", strict=True)
 
 

@@ -26,6 +26,7 @@ Client-side hooks (FedProx, SCAFFOLD) take the client's ``ClientState`` and keep
 model parameters), so clients hand their delta c_i to :meth:`Scaffold.after_local` and the message meta
 records the bytes this costs (``extra_up_bytes`` / ``extra_down_bytes``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -188,7 +189,7 @@ class _Adaptive(ServerAvg):
         for k in x:
             d = target[k] - x[k]
             m = self.m.get(k, torch.zeros_like(d))
-            v = self.v.get(k, torch.full_like(d, self.tau ** 2))
+            v = self.v.get(k, torch.full_like(d, self.tau**2))
             m = self.beta1 * m + (1 - self.beta1) * d
             v = self._second(v, d * d)
             self.m[k], self.v[k] = m, v

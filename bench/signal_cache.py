@@ -8,6 +8,7 @@ the others reuse them. Keys are content hashes, never object identities: the mod
 served a stale signal. Only reductions are kept (per-token statistics, not logits), and only
 in memory: :func:`group_cache` keeps the current group's cache and drops it when the next group starts.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -122,8 +123,9 @@ class SignalCache:
         return out
 
 
-def cached(cache: SignalCache | None, kind: Hashable, model: nn.Module, items: Sequence[Any],
-           compute: Callable[[], Any]) -> Any:
+def cached(
+    cache: SignalCache | None, kind: Hashable, model: nn.Module, items: Sequence[Any], compute: Callable[[], Any]
+) -> Any:
     """``cache.get(...)``, or ``compute()`` when there is no cache."""
     return compute() if cache is None else cache.get(kind, model, items, compute)
 

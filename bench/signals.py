@@ -15,6 +15,7 @@ Optional scenario hooks (``api.diffusion_ops``, :class:`bench.types.DiffusionOps
 - ``loss_at_timesteps`` (optional): ``(model, batch, ts: list[int]) -> [B, len(ts)]``, the same losses
   from one batched forward.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -165,7 +166,7 @@ def _batches(items: Sequence[Any], batch_size: int, desc: str) -> Iterator[Seque
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     starts = range(0, len(items), batch_size)
     for s in progress(starts, desc=desc, total=len(starts), leave=False):
-        yield items[s:s + batch_size]
+        yield items[s : s + batch_size]
 
 
 def _rowdot(a: Tensor, b: Tensor) -> Tensor:
@@ -185,10 +186,15 @@ class _Scratch:
 
     def get(self, name: str, like: Tensor) -> Tensor:
         b = self.bufs.get(name)
-        if b is None or b.shape[1] != like.shape[1] or b.shape[0] < like.shape[0] or b.dtype != like.dtype \
-                or b.device != like.device:
+        if (
+            b is None
+            or b.shape[1] != like.shape[1]
+            or b.shape[0] < like.shape[0]
+            or b.dtype != like.dtype
+            or b.device != like.device
+        ):
             b = self.bufs[name] = torch.empty_like(like)
-        return b[:like.shape[0]]
+        return b[: like.shape[0]]
 
 
 SERIES_BELOW = 5e-4  # p_j at most this: ModRényi's per-entry terms from their power series (module doc)
@@ -203,14 +209,14 @@ def _entries_above(e: Tensor, tau: Tensor) -> tuple[Tensor, Tensor]:
     nb = V // _BLOCK
     found_r, found_c = [], []
     if nb:  # group j = columns j, j + nb, j + 2 nb, ...
-        groups = e[:, :nb * _BLOCK].reshape(c, _BLOCK, nb)
+        groups = e[:, : nb * _BLOCK].reshape(c, _BLOCK, nb)
         gr, gj = torch.nonzero(groups.amax(1) > tau.unsqueeze(1), as_tuple=True)
         if len(gr):
             r, k = torch.nonzero(groups[gr, :, gj] > tau[gr].unsqueeze(1), as_tuple=True)
             found_r.append(gr[r])
             found_c.append(k * nb + gj[r])
     if nb * _BLOCK < V:
-        r, k = torch.nonzero(e[:, nb * _BLOCK:] > tau.unsqueeze(1), as_tuple=True)
+        r, k = torch.nonzero(e[:, nb * _BLOCK :] > tau.unsqueeze(1), as_tuple=True)
         found_r.append(r)
         found_c.append(k + nb * _BLOCK)
     if not found_r:
@@ -219,8 +225,16 @@ def _entries_above(e: Tensor, tau: Tensor) -> tuple[Tensor, Tensor]:
     return torch.cat(found_r), torch.cat(found_c)
 
 
-def _token_rows(z: Tensor, tgt: Tensor | None, alphas: Sequence[float], mod_alphas: Sequence[float],
-                work: _Scratch | None = None, *, rows: Tensor | None = None, chunk_rows: int = 8) -> dict[str, Tensor]:
+def _token_rows(
+    z: Tensor,
+    tgt: Tensor | None,
+    alphas: Sequence[float],
+    mod_alphas: Sequence[float],
+    work: _Scratch | None = None,
+    *,
+    rows: Tensor | None = None,
+    chunk_rows: int = 8,
+) -> dict[str, Tensor]:
     """Every per-position signal of the logits ``z`` [n, V] (or of its rows ``rows``) in about a dozen passes
     over the vocabulary, ``chunk_rows`` rows at a time (:func:`_chunk_sums`); the per-row arithmetic that
     follows runs once on all rows (:func:`_finish`), not once per chunk. Issue 12: 64 positions of a 49k
@@ -246,16 +260,17 @@ def _token_rows(z: Tensor, tgt: Tensor | None, alphas: Sequence[float], mod_alph
     n = len(rows) if rows is not None else z.shape[0]
     parts: dict[str, list[Tensor]] = {}
     for s in range(0, max(n, 1), chunk_rows):  # runs once on an empty selection too
-        sel = rows[s:s + chunk_rows] if rows is not None else None
-        zc = z.index_select(0, sel) if sel is not None else z[s:s + chunk_rows]
-        t = tgt[s:s + chunk_rows] if tgt is not None else None
+        sel = rows[s : s + chunk_rows] if rows is not None else None
+        zc = z.index_select(0, sel) if sel is not None else z[s : s + chunk_rows]
+        t = tgt[s : s + chunk_rows] if tgt is not None else None
         for k, v in _chunk_sums(zc, t, alphas, mod_alphas, work, offset=s).items():
             parts.setdefault(k, []).append(v)
     return _finish({k: torch.cat(v) for k, v in parts.items()}, tgt is not None, alphas, mod_alphas)
 
 
-def _chunk_sums(z: Tensor, tgt: Tensor | None, alphas: Sequence[float], mod_alphas: Sequence[float],
-                work: _Scratch, *, offset: int) -> dict[str, Tensor]:
+def _chunk_sums(
+    z: Tensor, tgt: Tensor | None, alphas: Sequence[float], mod_alphas: Sequence[float], work: _Scratch, *, offset: int
+) -> dict[str, Tensor]:
     """The passes over the vocabulary of a chunk of rows ``z`` [c, V]: per-row sums (the module doc of
     :func:`_token_rows`) and the few off-target entries above ``SERIES_BELOW`` (row index + ``offset``)."""
     z = z.float()
@@ -297,8 +312,9 @@ def _chunk_sums(z: Tensor, tgt: Tensor | None, alphas: Sequence[float], mod_alph
     return out
 
 
-def _finish(r: dict[str, Tensor], targets: bool, alphas: Sequence[float],
-            mod_alphas: Sequence[float]) -> dict[str, Tensor]:
+def _finish(
+    r: dict[str, Tensor], targets: bool, alphas: Sequence[float], mod_alphas: Sequence[float]
+) -> dict[str, Tensor]:
     """The per-position signals from the row sums of :func:`_chunk_sums` (all rows at once)."""
     s = r["s"]
     log_s = s.log()
@@ -309,8 +325,11 @@ def _finish(r: dict[str, Tensor], targets: bool, alphas: Sequence[float],
         elif math.isinf(a):
             out[f"H{a}"] = log_s.clone()
         elif a == 2:  # sum e^2 = off-target + target: a sum of non-negative terms, no cancellation
-            out[f"H{a}"] = (2 * log_s - (r["q_off"].double() + r["e_y"].double() ** 2).log().to(s.dtype)
-                            if targets else 2 * log_s - r["q"].log())
+            out[f"H{a}"] = (
+                2 * log_s - (r["q_off"].double() + r["e_y"].double() ** 2).log().to(s.dtype)
+                if targets
+                else 2 * log_s - r["q"].log()
+            )
         elif a == 0.5:
             out[f"H{a}"] = 2.0 * r["sqrt_e"].log() - log_s
         else:
@@ -322,13 +341,13 @@ def _finish(r: dict[str, Tensor], targets: bool, alphas: Sequence[float],
     if not mod_alphas:
         return out
     py = r["e_y"] / s
-    s2, s3 = r["q_off"] / s ** 2, r["e3_off"] / s ** 3
+    s2, s3 = r["q_off"] / s**2, r["e3_off"] / s**3
     rows = r["big_rows"]
     big = (r["big_e"] / s[rows]).double()
 
     def tail(term, c2: float, c3: float) -> Tensor:
         """sum_{j != y} term(p_j) = -(c2 p^2 + c3 p^3 + ...): the series for every entry, exact on the large ones."""
-        fix = (term(big) + c2 * big ** 2 + c3 * big ** 3).to(s.dtype)
+        fix = (term(big) + c2 * big**2 + c3 * big**3).to(s.dtype)
         return -(c2 * s2 + c3 * s3) + torch.zeros_like(s2).index_add_(0, rows, fix)
 
     for a in mod_alphas:
@@ -357,10 +376,19 @@ def _pad(xs: list[Tensor]) -> Tensor:
 
 
 @torch.no_grad()
-def token_signals(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, alphas: Sequence[float],
-                  mod_alphas: Sequence[float] = (), batch_size: int = 8, chunk_rows: int = 8,
-                  parts: Sequence[str] | None = None, desc: str = "signals",
-                  cache: SignalCache | None = None) -> dict[str, PartSignals]:
+def token_signals(
+    api: TaskAPI,
+    model: nn.Module,
+    items: Sequence[Any],
+    *,
+    alphas: Sequence[float],
+    mod_alphas: Sequence[float] = (),
+    batch_size: int = 8,
+    chunk_rows: int = 8,
+    parts: Sequence[str] | None = None,
+    desc: str = "signals",
+    cache: SignalCache | None = None,
+) -> dict[str, PartSignals]:
     """One forward pass per batch and part; per-token Rényi entropies, target log-probs, ModRényi.
 
     ``api.logits(model, batch, part)`` gives (logits [B,T,V], targets [B,T] or None, mask [B,T]); the
@@ -379,15 +407,33 @@ def token_signals(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, alpha
     kind = ("token_signals", tuple(parts), tuple(alphas), tuple(mod_alphas), batch_size)
 
     def compute() -> dict[str, PartSignals]:
-        return _token_signals(api, model, items, alphas=alphas, mod_alphas=mod_alphas, batch_size=batch_size,
-                              chunk_rows=chunk_rows, parts=parts, desc=desc)
+        return _token_signals(
+            api,
+            model,
+            items,
+            alphas=alphas,
+            mod_alphas=mod_alphas,
+            batch_size=batch_size,
+            chunk_rows=chunk_rows,
+            parts=parts,
+            desc=desc,
+        )
 
     return cached(cache, kind, model, items, compute)
 
 
-def _token_signals(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, alphas: Sequence[float],
-                   mod_alphas: Sequence[float], batch_size: int, chunk_rows: int, parts: list[str],
-                   desc: str) -> dict[str, PartSignals]:
+def _token_signals(
+    api: TaskAPI,
+    model: nn.Module,
+    items: Sequence[Any],
+    *,
+    alphas: Sequence[float],
+    mod_alphas: Sequence[float],
+    batch_size: int,
+    chunk_rows: int,
+    parts: list[str],
+    desc: str,
+) -> dict[str, PartSignals]:
     if api.logits is None:
         raise ValueError("per-token signals need the task's language-model head (api.logits)")
     logits_of = api.logits
@@ -451,13 +497,22 @@ def loss_matrix(api: TaskAPI, model: nn.Module, batch: Any, timesteps: Sequence[
 
 
 @torch.no_grad()
-def per_sample_losses(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, batch_size: int = 16,
-                      timesteps: Sequence[int] = (), desc: str = "losses", seed: int | None = None,
-                      cache: SignalCache | None = None) -> Tensor:
+def per_sample_losses(
+    api: TaskAPI,
+    model: nn.Module,
+    items: Sequence[Any],
+    *,
+    batch_size: int = 16,
+    timesteps: Sequence[int] = (),
+    desc: str = "losses",
+    seed: int | None = None,
+    cache: SignalCache | None = None,
+) -> Tensor:
     """[N, F] per-sample losses (F = len(timesteps), or 1 for ``api.per_sample_loss``), float64.
 
     ``seed``: run under that torch seed (diffusion noise); only a seeded call is cached (``cache``),
     since an unseeded one depends on the caller's random state."""
+
     def compute() -> Tensor:
         out = []
         with seeded(seed) if seed is not None else contextlib.nullcontext(), eval_mode(model):
@@ -504,8 +559,7 @@ def _grad_norms_vmap(wrapper: _LossOf, params: dict[str, Tensor], batch: Any, ch
     return vmap(norms_one, in_dims=(None, 0), randomness="different", chunk_size=chunk)(params, batch)
 
 
-def _grad_norms_loop(wrapper: _LossOf, params: dict[str, nn.Parameter], items: Sequence[Any],
-                     collate) -> Tensor:
+def _grad_norms_loop(wrapper: _LossOf, params: dict[str, nn.Parameter], items: Sequence[Any], collate) -> Tensor:
     rows = []
     plist = list(params.values())
     for it in items:
@@ -515,10 +569,19 @@ def _grad_norms_loop(wrapper: _LossOf, params: dict[str, nn.Parameter], items: S
     return torch.stack(rows)
 
 
-def per_sample_grad_norms(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, batch_size: int = 8,
-                          timesteps: Sequence[int] = (), use_vmap: bool = True, memory_mb: float = 1024.0,
-                          desc: str = "per-sample grads", seed: int | None = None,
-                          cache: SignalCache | None = None) -> tuple[Tensor, list[str]]:
+def per_sample_grad_norms(
+    api: TaskAPI,
+    model: nn.Module,
+    items: Sequence[Any],
+    *,
+    batch_size: int = 8,
+    timesteps: Sequence[int] = (),
+    use_vmap: bool = True,
+    memory_mb: float = 1024.0,
+    desc: str = "per-sample grads",
+    seed: int | None = None,
+    cache: SignalCache | None = None,
+) -> tuple[Tensor, list[str]]:
     """[N, L] L2 norms of each sample's loss gradient w.r.t. each parameter tensor, and the tensor names.
 
     Per-sample gradients via ``torch.func`` (functional_call + vmap, chunked to ~``memory_mb`` of
@@ -526,18 +589,35 @@ def per_sample_grad_norms(api: TaskAPI, model: nn.Module, items: Sequence[Any], 
     non-tensor batch fields, ...) it falls back to one backward pass per sample. ``seed`` / ``cache``
     as in :func:`per_sample_losses`: a seeded call is computed once per (model state, candidates).
     """
+
     def compute() -> tuple[Tensor, list[str]]:
         with seeded(seed) if seed is not None else contextlib.nullcontext():
-            return _per_sample_grad_norms(api, model, items, batch_size=batch_size, timesteps=timesteps,
-                                          use_vmap=use_vmap, memory_mb=memory_mb, desc=desc)
+            return _per_sample_grad_norms(
+                api,
+                model,
+                items,
+                batch_size=batch_size,
+                timesteps=timesteps,
+                use_vmap=use_vmap,
+                memory_mb=memory_mb,
+                desc=desc,
+            )
 
     kind = ("grad_norms", tuple(int(t) for t in timesteps), batch_size, use_vmap, memory_mb, seed)
     return cached(cache if seed is not None else None, kind, model, items, compute)
 
 
-def _per_sample_grad_norms(api: TaskAPI, model: nn.Module, items: Sequence[Any], *, batch_size: int,
-                           timesteps: Sequence[int], use_vmap: bool, memory_mb: float,
-                           desc: str) -> tuple[Tensor, list[str]]:
+def _per_sample_grad_norms(
+    api: TaskAPI,
+    model: nn.Module,
+    items: Sequence[Any],
+    *,
+    batch_size: int,
+    timesteps: Sequence[int],
+    use_vmap: bool,
+    memory_mb: float,
+    desc: str,
+) -> tuple[Tensor, list[str]]:
     params = attack_parameters(model)
     names = list(params)
     wrapper = _LossOf(model, api, timesteps)
@@ -559,14 +639,18 @@ def _per_sample_grad_norms(api: TaskAPI, model: nn.Module, items: Sequence[Any],
                 if vmap_ok:
                     try:
                         detached = {f"model.{n}": p.detach() for n, p in params.items()}
-                        out.append(_grad_norms_vmap(wrapper, detached, api.collate(list(chunk_items)), chunk)
-                                   .detach().double())
+                        out.append(
+                            _grad_norms_vmap(wrapper, detached, api.collate(list(chunk_items)), chunk).detach().double()
+                        )
                         continue
                     except Exception as e:  # noqa: BLE001 - any vmap incompatibility: use the exact loop
                         vmap_ok = False
-                        warnings.warn(f"per-sample gradients: torch.func.vmap failed ({type(e).__name__}: "
-                                      f"{str(e)[:200]}); falling back to one backward pass per sample",
-                                      RuntimeWarning, stacklevel=2)
+                        warnings.warn(
+                            f"per-sample gradients: torch.func.vmap failed ({type(e).__name__}: "
+                            f"{str(e)[:200]}); falling back to one backward pass per sample",
+                            RuntimeWarning,
+                            stacklevel=2,
+                        )
                 out.append(_grad_norms_loop(wrapper, params, chunk_items, api.collate).detach().double())
         finally:
             for p in frozen:

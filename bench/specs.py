@@ -5,6 +5,7 @@ A scenario module may define ``specs(preset) -> list[DeclaredTask] | None``: for
 preset tables; None where they depend on an asset that is not there or only a loaded model knows (the
 caller then builds the tasks). tests/test_startup.py checks the declarations equal the built tasks'.
 """
+
 from __future__ import annotations
 
 import sys

@@ -17,6 +17,7 @@ Every record is checked against the typed schema (bench/schema.py) when written 
 file is moved to ``<out>/quarantine/<scenario>/<file>`` with ``<file>.reason.txt`` (never deleted), reported
 on stderr, and its cell counts as not done, so the next ``run`` redoes it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -94,8 +95,10 @@ def quarantine(files: Iterable[Path], qdir: Path, reason: str) -> list[Path]:
         except FileNotFoundError:  # another process moved it first
             continue
         except OSError as e:
-            print(f"warning: could not quarantine {f} ({reason}): {type(e).__name__}: {e}",  # noqa: T201
-                  file=sys.stderr)
+            print(  # noqa: T201
+                f"warning: could not quarantine {f} ({reason}): {type(e).__name__}: {e}",
+                file=sys.stderr,
+            )
             continue
         print(f"quarantined {f} -> {dest}: {reason}", file=sys.stderr)  # noqa: T201 - reported by design
         moved.append(dest)
@@ -138,8 +141,7 @@ class Store:
                 rec["artifacts"] = {k: self.relative(v, legacy=True) for k, v in rec["artifacts"].items()}
             why = validate(rec)
             if why is None and (rec["scenario"], rec["cell_id"]) != (path.parent.name, path.stem):
-                why = (f"record of {rec['scenario']}/{rec['cell_id']} stored as "
-                       f"{path.parent.name}/{path.name}")
+                why = f"record of {rec['scenario']}/{rec['cell_id']} stored as {path.parent.name}/{path.name}"
             if why is None:
                 return rec
         quarantine([path], self.quarantine_dir(path.parent.name), f"invalid record: {why}")
@@ -180,7 +182,7 @@ class Store:
             return p.as_posix()
         parts = p.parts
         if legacy and "artifacts" in parts:
-            return PurePosixPath(*parts[len(parts) - 1 - parts[::-1].index("artifacts"):]).as_posix()
+            return PurePosixPath(*parts[len(parts) - 1 - parts[::-1].index("artifacts") :]).as_posix()
         return str(path)
 
     def resolve(self, rel: str) -> Path:
@@ -210,15 +212,33 @@ def provenance() -> dict:
     """Code version and package versions, recorded in every record."""
     root = Path(__file__).resolve().parent.parent
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+        )
     except (OSError, subprocess.SubprocessError):
         sha, dirty = "", False
     pkgs: dict[str, str | None] = {}
-    for name in ("torch", "torchvision", "timm", "transformers", "peft", "diffusers", "scikit-learn",
-                 "scikit-image", "opacus", "numpy"):
+    for name in (
+        "torch",
+        "torchvision",
+        "timm",
+        "transformers",
+        "peft",
+        "diffusers",
+        "scikit-learn",
+        "scikit-image",
+        "opacus",
+        "numpy",
+    ):
         try:
             pkgs[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -3,6 +3,7 @@
 A scenario module (``bench/scenarios/<name>.py``) registers a builder ``build(preset) -> list[Task]``
 (several tasks when a scenario has model variants, e.g. ``image-cls/vit`` and ``image-cls/resnet34``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -78,8 +79,11 @@ class Task:
         return [n for n, p in model.named_parameters() if p.requires_grad]
 
     def config_hash(self) -> str:
-        blob = json.dumps({"id": self.id, "preset": self.preset, "fl": self.fl.__dict__, **dict(self.config)},
-                          sort_keys=True, default=str)
+        blob = json.dumps(
+            {"id": self.id, "preset": self.preset, "fl": self.fl.__dict__, **dict(self.config)},
+            sort_keys=True,
+            default=str,
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

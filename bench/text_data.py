@@ -5,6 +5,7 @@ in strfile format (entries separated by a line holding only ``%``; file name = c
 the non-IID client splits). Alpaca-GPT4 (``vicgalle/alpaca-gpt4``) is the DP-FedLoRA paper's data
 ([DP-FedLoRA] s.V-A), read from the local Hugging Face cache only.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,11 +29,15 @@ ALPACA_GPT4_ID = "vicgalle/alpaca-gpt4"
 # resolved to the commit hash of the locally cached snapshot, which is what the task config records.
 ALPACA_GPT4_REVISION = "main"
 # Alpaca prompt template as used by OpenFedLLM, which DP-FedLoRA builds on.
-ALPACA_TEMPLATE = ("Below is an instruction that describes a task. Write a response that appropriately "
-                   "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response: {output}")
-ALPACA_TEMPLATE_INPUT = ("Below is an instruction that describes a task, paired with an input that provides further "
-                         "context. Write a response that appropriately completes the request.\n\n### Instruction:\n"
-                         "{instruction}\n\n### Input:\n{input}\n\n### Response: {output}")
+ALPACA_TEMPLATE = (
+    "Below is an instruction that describes a task. Write a response that appropriately "
+    "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response: {output}"
+)
+ALPACA_TEMPLATE_INPUT = (
+    "Below is an instruction that describes a task, paired with an input that provides further "
+    "context. Write a response that appropriately completes the request.\n\n### Instruction:\n"
+    "{instruction}\n\n### Input:\n{input}\n\n### Response: {output}"
+)
 
 
 @dataclass(frozen=True)
@@ -107,16 +112,23 @@ def strfile_sources(root: str | os.PathLike) -> list[Path]:
 
 
 @functools.lru_cache(maxsize=4)
-def load_fortunes(root: str | os.PathLike = str(FORTUNES_DIR), *, min_chars: int = 20, max_chars: int = 600,
-                  min_letter_frac: float = 0.6) -> TextCorpus:
+def load_fortunes(
+    root: str | os.PathLike = str(FORTUNES_DIR),
+    *,
+    min_chars: int = 20,
+    max_chars: int = 600,
+    min_letter_frac: float = 0.6,
+) -> TextCorpus:
     """Every fortune, cleaned, de-duplicated (first occurrence in sorted file order wins), with its
     file as category; texts shorter than ``min_chars`` or longer than ``max_chars`` are dropped.
     Deterministic: no randomness, sorted traversal."""
     root = Path(root)
     files = strfile_sources(root) if root.is_dir() else []
     if not files:
-        raise AssetMissing(f"no fortune files under {root}: the llm-text scenario needs the Debian packages "
-                           f"`fortunes` and `fortunes-min` (`apt-get install fortunes fortunes-min`).")
+        raise AssetMissing(
+            f"no fortune files under {root}: the llm-text scenario needs the Debian packages "
+            f"`fortunes` and `fortunes-min` (`apt-get install fortunes fortunes-min`)."
+        )
     seen: set[str] = set()
     texts, labels, cats = [], [], []
     for path in files:
@@ -141,8 +153,9 @@ def load_fortunes(root: str | os.PathLike = str(FORTUNES_DIR), *, min_chars: int
 # Alpaca-GPT4 (paper preset)
 
 
-def load_alpaca_gpt4(revision: str = ALPACA_GPT4_REVISION, *, cache_dir: str | Path | None = None,
-                     max_samples: int | None = None) -> tuple[TextCorpus, str]:
+def load_alpaca_gpt4(
+    revision: str = ALPACA_GPT4_REVISION, *, cache_dir: str | Path | None = None, max_samples: int | None = None
+) -> tuple[TextCorpus, str]:
     """Alpaca-GPT4 from the local Hugging Face cache (offline), formatted with the Alpaca template.
 
     Returns the corpus and the resolved snapshot commit. Category = whether the example has an
@@ -152,8 +165,11 @@ def load_alpaca_gpt4(revision: str = ALPACA_GPT4_REVISION, *, cache_dir: str | P
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        snap = Path(snapshot_download(ALPACA_GPT4_ID, repo_type="dataset", revision=revision,
-                                      cache_dir=cache_dir, local_files_only=True))
+        snap = Path(
+            snapshot_download(
+                ALPACA_GPT4_ID, repo_type="dataset", revision=revision, cache_dir=cache_dir, local_files_only=True
+            )
+        )
     except (LocalEntryNotFoundError, FileNotFoundError, OSError) as e:
         raise hub_missing(ALPACA_GPT4_ID, revision, what="data set") from e
     rows = _read_rows(snap)
@@ -214,7 +230,7 @@ def stratified_split(labels: Sequence[int] | np.ndarray, fractions: Sequence[flo
         q = np.floor(exact).astype(int)
         extra = int(round(f * len(labels))) - int(q.sum())
         order = np.lexsort((tie, -(exact - q)))  # largest remainder first, then the shared tie order
-        q[order[:max(extra, 0)]] += 1
+        q[order[: max(extra, 0)]] += 1
         quotas[s] = q
     out: list[list[int]] = [[] for _ in fr]
     for j, c in enumerate(cats):
@@ -222,7 +238,7 @@ def stratified_split(labels: Sequence[int] | np.ndarray, fractions: Sequence[flo
         start = 0
         for s in range(len(fr)):
             take = min(int(quotas[s, j]), len(idx) - start)
-            out[s].extend(idx[start:start + take].tolist())
+            out[s].extend(idx[start : start + take].tolist())
             start += take
     return [sorted(o) for o in out]
 
@@ -277,8 +293,11 @@ class CompactVocab:
 
     def __init__(self, tokenizer, texts: Sequence[str]):
         self.base = tokenizer
-        specials = [t for t in (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                                tokenizer.unk_token_id) if t is not None]
+        specials = [
+            t
+            for t in (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id)
+            if t is not None
+        ]
         used = {i for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"] for i in ids}
         self.to_base = sorted(set(specials) | used)
         self.from_base = {b: i for i, b in enumerate(self.to_base)}

@@ -5,6 +5,7 @@ transcript's metadata), the utility of the global model, and costs: tensors as s
 JSON with the tensors' checksum (bench/cachefile.py; no pickle). A damaged entry is quarantined and the run
 retrained.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,8 +41,16 @@ def label(method) -> str:
 
 
 def train_key(task: Task, defense: Defense, seed: int) -> str:
-    return stable_hash({"task": task.id, "preset": task.preset, "config": task.config_hash(),
-                        "defense": defense.name, "params": params_of(defense), "seed": seed})
+    return stable_hash(
+        {
+            "task": task.id,
+            "preset": task.preset,
+            "config": task.config_hash(),
+            "defense": defense.name,
+            "params": params_of(defense),
+            "seed": seed,
+        }
+    )
 
 
 def target_client(train: TrainResult, *, seed: int | None = None, num_clients: int | None = None) -> int:
@@ -56,8 +65,9 @@ def target_client(train: TrainResult, *, seed: int | None = None, num_clients: i
     return min(counts, key=lambda k: (-counts[k], k)) if counts else 0
 
 
-def build_trained_model(task: Task, defense: Defense, state: dict[str, torch.Tensor],
-                        buffers: dict[str, torch.Tensor] | None = None) -> nn.Module:
+def build_trained_model(
+    task: Task, defense: Defense, state: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor] | None = None
+) -> nn.Module:
     model = defense.setup(task.api.build_model(), task.api)
     load_state(model, state, buffers)
     model.eval()
@@ -65,8 +75,11 @@ def build_trained_model(task: Task, defense: Defense, state: dict[str, torch.Ten
 
 
 def _encode(res: TrainResult) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    groups = {"global": res.global_state, "buffers": res.global_buffers,
-              **{f"client{k}": v for k, v in res.client_latest.items()}}
+    groups = {
+        "global": res.global_state,
+        "buffers": res.global_buffers,
+        **{f"client{k}": v for k, v in res.client_latest.items()},
+    }
     tensors, order = cachefile.flatten(groups)
     meta = {k: v for k, v in asdict(res).items() if k not in ("global_state", "global_buffers", "client_latest")}
     return tensors, {**meta, "order": order, "clients": list(res.client_latest)}
@@ -75,8 +88,12 @@ def _encode(res: TrainResult) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
 def _decode(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> TrainResult:
     groups = cachefile.unflatten(tensors, meta["order"])
     scalars = {f.name: meta[f.name] for f in dataclasses.fields(TrainResult) if f.name in meta}
-    return TrainResult(global_state=groups["global"], global_buffers=groups["buffers"],
-                       client_latest={int(k): groups[f"client{k}"] for k in meta["clients"]}, **scalars)
+    return TrainResult(
+        global_state=groups["global"],
+        global_buffers=groups["buffers"],
+        client_latest={int(k): groups[f"client{k}"] for k in meta["clients"]},
+        **scalars,
+    )
 
 
 def _legacy(blob: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -126,11 +143,18 @@ def get_training(task: Task, defense: Defense, seed: int, cache_root: Path) -> T
         with torch.no_grad():
             res.utility.update({f"client_{k}": float(v) for k, v in task.utility(cmodel).items()})
     tensors, meta = _encode(res)
-    meta["key"] = {"task": task.id, "preset": task.preset, "defense": defense.name, "params": params_of(defense),
-                   "seed": seed}
+    meta["key"] = {
+        "task": task.id,
+        "preset": task.preset,
+        "defense": defense.name,
+        "params": params_of(defense),
+        "seed": seed,
+    }
     try:
         cachefile.save(stem, tensors, meta)
     except (TypeError, ValueError, OSError) as e:  # the run itself is fine: use it, retrain next time
-        print(f"warning: training cache for {label(defense)} seed {seed} not written: {type(e).__name__}: {e}",  # noqa: T201
-              file=sys.stderr)
+        print(  # noqa: T201
+            f"warning: training cache for {label(defense)} seed {seed} not written: {type(e).__name__}: {e}",
+            file=sys.stderr,
+        )
     return res

@@ -3,6 +3,7 @@
 The harness owns ground truth; a defense sees a client's data and the global state; an attack sees
 only an :class:`Observation` built by the harness for the threat view it declares (docs/design.md s.2).
 """
+
 from __future__ import annotations
 
 import abc
@@ -380,8 +381,9 @@ class Defense(abc.ABC):
         """The paper's per-release epsilon; None where no formal guarantee is claimed."""
         return None
 
-    def epsilon_composed(self, *, delta: float, rounds: int, sample_rate: float,
-                         names: Sequence[str] | None = None) -> float | None:
+    def epsilon_composed(
+        self, *, delta: float, rounds: int, sample_rate: float, names: Sequence[str] | None = None
+    ) -> float | None:
         """Epsilon over all rounds with client sampling (opacus accountant); None if not DP.
         ``names``: the shared parameter names (a defense whose release count depends on them)."""
         return None

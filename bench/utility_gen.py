@@ -11,6 +11,7 @@ with the pre-computed features (a pass-through feature module), so real features
 With fewer samples than feature dimensions the covariance is rank-deficient and FID is biased upwards
 ([SMP-LoRA] App. E skips FID below 768 samples); KID is unbiased at any size, so prefer it here.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -37,8 +38,9 @@ class EfficientNetLite0Features(nn.Module):
         from efficientnet_lite_pytorch import EfficientNet
 
         with third_party_stdout():  # it prints "Loaded pretrained weights for efficientnet-lite0"
-            self.net = EfficientNet.from_pretrained("efficientnet-lite0",
-                                                    weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+            self.net = EfficientNet.from_pretrained(
+                "efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path()
+            )
         self.net.eval().requires_grad_(False)
         self.size = size
 
@@ -63,8 +65,9 @@ def feature_encoder() -> EfficientNetLite0Features:
 @torch.no_grad()
 def encode_images(images: Tensor, *, batch_size: int = 64, desc: str = "EfficientNet-Lite0 features") -> Tensor:
     enc = feature_encoder()
-    return torch.cat([enc(images[i:i + batch_size]) for i in
-                      progress(range(0, len(images), batch_size), desc=desc, leave=False)]).double()
+    return torch.cat(
+        [enc(images[i : i + batch_size]) for i in progress(range(0, len(images), batch_size), desc=desc, leave=False)]
+    ).double()
 
 
 class _Precomputed(nn.Module):
@@ -78,8 +81,9 @@ class _Precomputed(nn.Module):
         return x
 
 
-def fid_kid(real_feats: Tensor, fake_feats: Tensor, *, kid_subset: int = 100, kid_subsets: int = 100,
-            seed: int = 0) -> dict[str, float]:
+def fid_kid(
+    real_feats: Tensor, fake_feats: Tensor, *, kid_subset: int = 100, kid_subsets: int = 100, seed: int = 0
+) -> dict[str, float]:
     """FID and KID (mean, std over subsets) between two feature sets [N, F] (torchmetrics)."""
     from torchmetrics.image.fid import FrechetInceptionDistance
     from torchmetrics.image.kid import KernelInceptionDistance
@@ -97,14 +101,24 @@ def fid_kid(real_feats: Tensor, fake_feats: Tensor, *, kid_subset: int = 100, ki
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         kid_mean, kid_std = kid.compute()
-    return {f"fid_{ENCODER}": float(fid.compute()), f"kid_{ENCODER}": float(kid_mean),
-            f"kid_{ENCODER}_std": float(kid_std)}
+    return {
+        f"fid_{ENCODER}": float(fid.compute()),
+        f"kid_{ENCODER}": float(kid_mean),
+        f"kid_{ENCODER}_std": float(kid_std),
+    }
 
 
-def make_generation_utility(real_images: Tensor, texts: Tensor, *,
-                            generate: Callable[..., Tensor], heldout_loss: Callable[[nn.Module], float],
-                            steps: int, guidance: float, seed: int = 0, kid_subset: int = 100
-                            ) -> Callable[[nn.Module], dict[str, float]]:
+def make_generation_utility(
+    real_images: Tensor,
+    texts: Tensor,
+    *,
+    generate: Callable[..., Tensor],
+    heldout_loss: Callable[[nn.Module], float],
+    steps: int,
+    guidance: float,
+    seed: int = 0,
+    kid_subset: int = 100,
+) -> Callable[[nn.Module], dict[str, float]]:
     """``utility(model)``: the held-out denoising loss, then FID / KID of images generated from the
     held-out captions (``texts`` [N, L, D]) against the held-out images ``real_images`` [N, 3, H, W]."""
     cache: dict[str, Tensor] = {}
@@ -116,10 +130,17 @@ def make_generation_utility(real_images: Tensor, texts: Tensor, *,
             out = {"heldout_denoise_loss": float(heldout_loss(model))}
             if "real" not in cache:
                 cache["real"] = encode_images(real_images, desc="features of held-out images")
-            fake = generate(model, texts, steps=steps, guidance=guidance, seed=seed,
-                            desc="generating held-out captions")
-            out.update(fid_kid(cache["real"], encode_images(fake, desc="features of generated images"),
-                               kid_subset=kid_subset, seed=seed))
+            fake = generate(
+                model, texts, steps=steps, guidance=guidance, seed=seed, desc="generating held-out captions"
+            )
+            out.update(
+                fid_kid(
+                    cache["real"],
+                    encode_images(fake, desc="features of generated images"),
+                    kid_subset=kid_subset,
+                    seed=seed,
+                )
+            )
             out["n_generated"] = float(len(fake))
             return out
         finally:
@@ -128,14 +149,21 @@ def make_generation_utility(real_images: Tensor, texts: Tensor, *,
     return utility
 
 
-def mean_loss(per_sample: Callable[[ScenarioModel, Any], Tensor], collate: Callable[[Sequence], object],
-              items: Sequence, *, batch_size: int = 32) -> Callable[[nn.Module], float]:
+def mean_loss(
+    per_sample: Callable[[ScenarioModel, Any], Tensor],
+    collate: Callable[[Sequence], object],
+    items: Sequence,
+    *,
+    batch_size: int = 32,
+) -> Callable[[nn.Module], float]:
     """The mean of a per-sample loss over ``items`` (no gradient)."""
 
     @torch.no_grad()
     def f(model: nn.Module) -> float:
-        vals = [per_sample(model, collate(items[i:i + batch_size])) for i in
-                progress(range(0, len(items), batch_size), desc="held-out denoising loss", leave=False)]
+        vals = [
+            per_sample(model, collate(items[i : i + batch_size]))
+            for i in progress(range(0, len(items), batch_size), desc="held-out denoising loss", leave=False)
+        ]
         return float(torch.cat(vals).mean()) if vals else float("nan")
 
     return f

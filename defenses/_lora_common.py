@@ -3,6 +3,7 @@ the training loop their objectives plug into, and the single-trainer release ([S
 
 Not a defense itself: the registry skips module names starting with ``_``.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -30,11 +31,16 @@ def requires_ldm(api: TaskSpec) -> str | None:
 def grad_norm(params: Sequence[nn.Parameter]) -> float:
     """sqrt(sum of squared gradient entries) over the trainable (LoRA) parameters ([SMP-LoRA] App. C)."""
     sq = sum(float(p.grad.detach().pow(2).sum()) for p in params if p.grad is not None)
-    return sq ** 0.5
+    return sq**0.5
 
 
-def lora_loop(state: ClientState, ctx: RoundCtx, objective: Objective, *,
-              before_step: Callable[[int], dict[str, float]] | None = None) -> Message:
+def lora_loop(
+    state: ClientState,
+    ctx: RoundCtx,
+    objective: Objective,
+    *,
+    before_step: Callable[[int], dict[str, float]] | None = None,
+) -> Message:
     """``ctx.fl.local_epochs`` epochs over ``state.data`` in batches of ``ctx.fl.batch_size`` (capped by
     ``max_local_steps``), AdamW(lr, weight decay of ``ctx.fl``) on the shared (LoRA) parameters.
     ``before_step(step)`` runs first each step (the proxy's inner maximisation, Alg. 1 lines 4-6).

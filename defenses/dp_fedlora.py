@@ -29,6 +29,7 @@ is zero; two clipped matrices can differ by 2C (``sensitivity_factor=2`` calibra
 proven for epsilon < 1 only (Dwork & Roth, Thm. A.1), so at the paper's epsilon = 25 only the composed RDP
 number is a guarantee.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -109,17 +110,25 @@ class DPFedLoRA(Defense):
 
     def sensitivity_note(self) -> str:
         s = self.sensitivity_factor
-        relation = "add/remove one client (neighbour output zero)" if s == 1 else \
-            "replace one client" if s == 2 else f"sensitivity factor {s:g}"
-        return (f"client-level, {relation}: each noised A (B) matrix has L2 sensitivity {s:g} x C_A={self.clip_a:g} "
-                f"({s:g} x C_B={self.clip_b:g}); one message = all of a client's matrices ([DP-FedLoRA] Eq. 6-11)")
+        relation = (
+            "add/remove one client (neighbour output zero)"
+            if s == 1
+            else "replace one client"
+            if s == 2
+            else f"sensitivity factor {s:g}"
+        )
+        return (
+            f"client-level, {relation}: each noised A (B) matrix has L2 sensitivity {s:g} x C_A={self.clip_a:g} "
+            f"({s:g} x C_B={self.clip_b:g}); one message = all of a client's matrices ([DP-FedLoRA] Eq. 6-11)"
+        )
 
     def epsilon(self, *, delta: float) -> float | None:
         """The paper's per-release epsilon of one noised A (or B) matrix at ``delta`` (Eq. 9)."""
         return gaussian_epsilon(self.sigma_a, delta, self.sensitivity_factor * self.clip_a)
 
-    def epsilon_composed(self, *, delta: float, rounds: int, sample_rate: float,
-                         names: Sequence[str] | None = None) -> float | None:
+    def epsilon_composed(
+        self, *, delta: float, rounds: int, sample_rate: float, names: Sequence[str] | None = None
+    ) -> float | None:
         """Client-level epsilon of all messages over ``rounds`` with client sampling (opacus RDP).
 
         The message structure (how many A and B matrices are noised) comes from ``names`` (the shared
@@ -129,18 +138,30 @@ class DPFedLoRA(Defense):
         a, b, _ = split_names(names) if names is not None else ((), (), ())
         num_a, num_b = len(a), len(b)
         if not (num_a and num_b):
-            warnings.warn("DPFedLoRA.epsilon_composed: message structure unknown (pass names=, the shared "
-                          "parameter names); returning None", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "DPFedLoRA.epsilon_composed: message structure unknown (pass names=, the shared "
+                "parameter names); returning None",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return None
         s = self.sensitivity_factor
-        z = combined_noise_multiplier([s * self.clip_a] * num_a + [s * self.clip_b] * num_b,
-                                      [self.sigma_a] * num_a + [self.sigma_b] * num_b)
+        z = combined_noise_multiplier(
+            [s * self.clip_a] * num_a + [s * self.clip_b] * num_b, [self.sigma_a] * num_a + [self.sigma_b] * num_b
+        )
         return composed_epsilon(z, sample_rate, rounds, delta)
 
     # ---- protocol --------------------------------------------------------------------------
     def _make_opt(self) -> ServerAvg:
-        return make_server_opt(self.server_opt, lr=self.server_lr, mu=self.prox_mu, momentum=self.server_momentum,
-                               beta1=self.beta1, beta2=self.beta2, tau=self.tau)
+        return make_server_opt(
+            self.server_opt,
+            lr=self.server_lr,
+            mu=self.prox_mu,
+            momentum=self.server_momentum,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            tau=self.tau,
+        )
 
     def applies(self, task) -> str | None:
         return requires_lora(task)

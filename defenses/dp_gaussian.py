@@ -6,6 +6,7 @@ norm C over all sent tensors. ``epsilon`` is per release; ``epsilon_composed`` i
 all rounds with client sampling (opacus RDP accountant). [FLRSP] uses delta = 0.5 (``paper`` preset),
 which gives no meaningful guarantee; elsewhere delta defaults to 1e-5.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,12 +55,15 @@ class DPGaussian(Defense):
         run's (the scenario's, resolved by the harness and passed in)."""
         from bench.accounting import gaussian_sigma
 
-        return gaussian_sigma(epsilon=self.eps, delta=self.delta if self.delta is not None else delta,
-                              sensitivity=self.clip)
+        return gaussian_sigma(
+            epsilon=self.eps, delta=self.delta if self.delta is not None else delta, sensitivity=self.clip
+        )
 
     def sensitivity_note(self) -> str:
-        return (f"client-level, add/remove one client: its update, clipped to L2 norm C={self.clip:g}, is one "
-                f"release of L2 sensitivity C (replace-one would be 2C); [FLRSP] Eq. 6")
+        return (
+            f"client-level, add/remove one client: its update, clipped to L2 norm C={self.clip:g}, is one "
+            f"release of L2 sensitivity C (replace-one would be 2C); [FLRSP] Eq. 6"
+        )
 
     def client_step(self, state: ClientState, ctx: RoundCtx) -> Message:
         msg = standard_message(state, ctx)
@@ -74,8 +78,9 @@ class DPGaussian(Defense):
         noisy = {n: t + sigma * torch.randn(t.shape, generator=gen, dtype=t.dtype) for n, t in clipped.items()}
         if msg.kind == "weights":
             noisy = {n: ctx.global_state[n] + t for n, t in noisy.items()}
-        return Message(msg.client, msg.round, noisy, msg.num_samples, kind=msg.kind,
-                       meta={"sigma": sigma, "clip": self.clip})
+        return Message(
+            msg.client, msg.round, noisy, msg.num_samples, kind=msg.kind, meta={"sigma": sigma, "clip": self.clip}
+        )
 
     def aggregate(self, global_state: dict[str, Tensor], msgs: Sequence[Message], ctx: RoundCtx) -> dict[str, Tensor]:
         return fedavg_aggregate(global_state, msgs, ctx)
@@ -86,5 +91,6 @@ class DPGaussian(Defense):
     def epsilon_composed(self, *, delta: float, rounds: int, sample_rate: float, names=None) -> float | None:
         from bench.accounting import composed_epsilon
 
-        return composed_epsilon(noise_multiplier=self.sigma(delta=delta) / self.clip, sample_rate=sample_rate,
-                                steps=rounds, delta=delta)
+        return composed_epsilon(
+            noise_multiplier=self.sigma(delta=delta) / self.clip, sample_rate=sample_rate, steps=rounds, delta=delta
+        )

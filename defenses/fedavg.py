@@ -3,6 +3,7 @@
 Clients send their full trainable state after local epochs (or, under the scenario's FedSGD protocol,
 one gradient per round); the server takes the sample-weighted mean.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

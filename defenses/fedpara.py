@@ -14,6 +14,7 @@ The private pair is added by :meth:`FedPara.setup` as a ``fedpara_private`` sub-
 layer (parameters ``...q_proj.fedpara_private.A`` / ``.B``, ``requires_grad=False`` so they are not among
 the shared names) with a forward hook that adds x (G (.) B_p A_p)^T to peft's output.
 """
+
 from __future__ import annotations
 
 import math

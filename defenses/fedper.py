@@ -9,6 +9,7 @@ round 0 is a full-LoRA FedAvg round, and a client's private layers start from th
 (which the server keeps unchanged afterwards) until it has trained its own. Trainable parameters that are
 not LoRA, and LoRA parameters without a layer index, count as shared.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,8 +42,10 @@ class FedPer(Defense):
         reason = requires_lora(task)
         depth = task.num_layers
         if reason is None and depth and self.shared_layers >= int(depth):
-            reason = (f"FedPer shares the top {self.shared_layers} layers but the model has only {depth}: "
-                      "nothing would stay private (it would be FedAvg)")
+            reason = (
+                f"FedPer shares the top {self.shared_layers} layers but the model has only {depth}: "
+                "nothing would stay private (it would be FedAvg)"
+            )
         return reason
 
     def fl_mode(self) -> str | None:
@@ -74,8 +77,14 @@ class FedPer(Defense):
         else:
             state.private["layers"] = current(state.model, private)
             sent = shared
-        return Message(state.client, ctx.round, current(state.model, sent), n_items(state.data), kind="weights",
-                       meta={"warmup": warm})
+        return Message(
+            state.client,
+            ctx.round,
+            current(state.model, sent),
+            n_items(state.data),
+            kind="weights",
+            meta={"warmup": warm},
+        )
 
     def aggregate(self, global_state: dict[str, Tensor], msgs: Sequence[Message], ctx: RoundCtx) -> dict[str, Tensor]:
         return fedavg_aggregate(global_state, msgs, ctx)  # names nobody sent keep their global value

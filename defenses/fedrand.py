@@ -14,6 +14,7 @@ Ablations ([FedRand] Table 3): ``rho`` 0.3 / 0.7; ``normalize=False`` drops alph
 (coefficients n_k / m_r, summing to alpha < 1); ``past_params=False`` starts every client from the
 server's full LoRA and still sends only A or B ("w/o past parameters").
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,15 +67,17 @@ class FedRand(Defense):
         if self.past_params:
             state.private["cache"] = current(state.model, a_names + b_names)  # Alg. 2 l.22
         tensors = current(state.model, list(sent) + other)
-        return Message(state.client, ctx.round, tensors, n_items(state.data), kind="weights",
-                       meta={"sent": "A" if send_a else "B"})
+        return Message(
+            state.client, ctx.round, tensors, n_items(state.data), kind="weights", meta={"sent": "A" if send_a else "B"}
+        )
 
     def aggregate(self, global_state: dict[str, Tensor], msgs: Sequence[Message], ctx: RoundCtx) -> dict[str, Tensor]:
         return fedrand_aggregate(global_state, msgs, normalize=self.normalize)
 
 
-def fedrand_aggregate(global_state: dict[str, Tensor], msgs: Sequence[Message], *,
-                      normalize: bool = True) -> dict[str, Tensor]:
+def fedrand_aggregate(
+    global_state: dict[str, Tensor], msgs: Sequence[Message], *, normalize: bool = True
+) -> dict[str, Tensor]:
     """Eq. 8-10 applied per parameter: with m_r = sum of n_k over all of the round's clients and
     alpha_p = sum of n_k / m_r over the clients that sent parameter p,
     p <- sum_{k sent p} n_k / (alpha_p m_r) p_k   (normalize)   or   sum_{k sent p} n_k / m_r p_k,

@@ -1,4 +1,5 @@
 """FedSGD: the undefended baseline of [FLRSP] (one gradient per client per round, averaged)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

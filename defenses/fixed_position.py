@@ -3,6 +3,7 @@
 The positional-embedding update is never sent (nor trained locally): the server's positional
 embedding stays fixed, which breaks APRIL's closed form. Everything else is FedAvg / FedSGD.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

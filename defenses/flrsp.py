@@ -4,6 +4,7 @@ Each client zeroes every element of what it sends with probability ``R`` (a fres
 client and round, Eq. 7 / 9); the server averages each element over the clients that sent it non-zero
 only (FedSGD Eq. 8, FedAvg Eq. 10), so R=0 reduces to standard FL.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

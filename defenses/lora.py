@@ -9,6 +9,7 @@ adaptation loss and the LoRA gradient norm sqrt(||dL/dB||^2 + ||dL/dA||^2) ([SMP
 :func:`defenses._lora_common.lora_loop` is the training loop MP-LoRA and SMP-LoRA share (their objectives
 plug into it).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

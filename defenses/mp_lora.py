@@ -23,6 +23,7 @@ Proxy learning rate: the paper's eta_1 = 1e-5 (Table 5) is for ~160k steps (400 
 1); our scaled presets take a few hundred steps, so the default is 1e-3 (``proxy_lr=1e-5`` reproduces
 Table 5). lambda = 0.05 (App. F: "set at 0.05 for both MP-LoRA and SMP-LoRA").
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,8 +62,9 @@ class ProxyAttack(nn.Module):
 
 def mi_gain(logits_members: Tensor, logits_nonmembers: Tensor) -> Tensor:
     """Eq. 5: 1/(2|S^m|) sum log h(x) + 1/(2|S^nm|) sum log(1 - h(x)), h = softmax(logits)[:, 1]."""
-    return (0.5 * F.log_softmax(logits_members, -1)[:, 1].mean()
-            + 0.5 * F.log_softmax(logits_nonmembers, -1)[:, 0].mean())
+    return (
+        0.5 * F.log_softmax(logits_members, -1)[:, 1].mean() + 0.5 * F.log_softmax(logits_nonmembers, -1)[:, 0].mean()
+    )
 
 
 def member_gain(logits_members: Tensor) -> Tensor:
@@ -126,8 +128,10 @@ class ProxyMinMax(Defense):
     def client_step(self, state: ClientState, ctx: RoundCtx) -> Message:
         aux_m, aux_nm = list(ctx.extras.get("aux_members", ())), list(ctx.extras.get("aux_nonmembers", ()))
         if not aux_m or not aux_nm:
-            raise ValueError(f"{self.name} needs the defender's D_aux^m and D_aux^nm in ctx.extras "
-                             f"('aux_members', 'aux_nonmembers'); got {sorted(ctx.extras)}")
+            raise ValueError(
+                f"{self.name} needs the defender's D_aux^m and D_aux^nm in ctx.extras "
+                f"('aux_members', 'aux_nonmembers'); got {sorted(ctx.extras)}"
+            )
         if ctx.task.diffusion_ops is None:
             raise ValueError(f"{self.name} needs the task's denoising error (api.diffusion_ops.denoise_error)")
         error_fn = ctx.task.diffusion_ops.denoise_error
@@ -184,8 +188,13 @@ class ProxyMinMax(Defense):
                 for p in h.parameters():
                     p.requires_grad_(True)
             total, logs = self.objective(loss_ada, gain)
-            logs.update({"loss_ada": float(loss_ada.detach()), "mi_gain_train": float(gain.detach()),
-                         "objective": float(total.detach())})
+            logs.update(
+                {
+                    "loss_ada": float(loss_ada.detach()),
+                    "mi_gain_train": float(gain.detach()),
+                    "objective": float(total.detach()),
+                }
+            )
             return total, logs
 
         return lora_loop(state, ctx, outer_objective, before_step=inner_max)

@@ -11,6 +11,7 @@ rescaled by L_ada / (1 - lambda G + delta)^2 (App. B / D): the local smoothness 
 gradient norm (Proposition 2). Both factors are logged per step (``rescale_ada``, ``rescale_mi``; Table 3)
 with the proxy's MI gain and the LoRA gradient norm (Fig. 1b).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,5 +36,5 @@ class SMPLoRA(ProxyMinMax):
 
     def objective(self, loss_ada: Tensor, gain: Tensor) -> tuple[Tensor, dict[str, float]]:
         denom = float(1.0 - self.lam * gain.detach() + self.delta)
-        logs = {"rescale_ada": 1.0 / denom, "rescale_mi": float(loss_ada.detach()) / denom ** 2}
+        logs = {"rescale_ada": 1.0 / denom, "rescale_mi": float(loss_ada.detach()) / denom**2}
         return smp_objective(loss_ada, gain, lam=self.lam, delta=self.delta), logs

@@ -10,6 +10,7 @@ and values. Run it without copying it anywhere:
     python -m bench check --defense examples/topk_sparsification.py
     python -m bench run --scenario image-cls --preset smoke --defense examples/topk_sparsification.py --attack all
 """
+
 from __future__ import annotations
 
 import math
@@ -52,8 +53,9 @@ class TopKSparsification(Defense):
         if msg.kind == "gradient":
             sparse = {n: topk_keep(g, self.keep) for n, g in msg.tensors.items()}
         else:  # send the global weights plus the sparsified change
-            sparse = {n: ctx.global_state[n] + topk_keep(w - ctx.global_state[n], self.keep)
-                      for n, w in msg.tensors.items()}
+            sparse = {
+                n: ctx.global_state[n] + topk_keep(w - ctx.global_state[n], self.keep) for n, w in msg.tensors.items()
+            }
         return Message(msg.client, msg.round, sparse, msg.num_samples, kind=msg.kind, meta={"keep": self.keep})
 
     def aggregate(self, global_state: dict[str, Tensor], msgs: Sequence[Message], ctx: RoundCtx) -> dict[str, Tensor]:

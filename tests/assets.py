@@ -1,5 +1,6 @@
 """Tests that need a Debian asset: skipped where it is missing, but failed under ``BENCH_REQUIRE_ASSETS=1``
 (CI sets it: setup.sh installs every asset, so a missing one there is a broken setup, not a reason to skip)."""
+
 from __future__ import annotations
 
 import os

@@ -14,6 +14,7 @@ time it does not count the time other processes hold the cores (wall-clock ratio
 runs on this shared machine). Not collected by the default suite (the file name does not
 match ``test_*.py``). One intra-op thread.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -74,6 +75,8 @@ def test_bench_iteration_over_forward_backward(benchmark, arch):
     fb, it = statistics.median(times["fb"][1:]), statistics.median(times["it"][1:])
     ratio = it / fb
     benchmark.extra_info.update(forward_backward_s=fb, iteration_s=it, ratio=ratio)
-    print(f"\n{arch}: one forward+backward {fb * 1e3:.0f} ms, one inversion iteration {it * 1e3:.0f} ms: "
-          f"ratio {ratio:.2f}x (target <= 3.5x; breaching 3.5-3.7x)")
+    print(
+        f"\n{arch}: one forward+backward {fb * 1e3:.0f} ms, one inversion iteration {it * 1e3:.0f} ms: "
+        f"ratio {ratio:.2f}x (target <= 3.5x; breaching 3.5-3.7x)"
+    )
     assert torch.isfinite(run.X).all()

@@ -17,6 +17,7 @@ processes hold the machine's cores (wall-clock ratios moved by 30% between runs 
 The second benchmark times a repeated identical call through the cell group's ``SignalCache`` (what the
 second score-based attack of a cell group pays) against computing it.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -50,21 +51,37 @@ def one_thread():
 def smollm2_shaped():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=49_152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
-                      tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=49_152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).eval()
 
 
 def logits_api(logits: torch.Tensor, targets: torch.Tensor) -> TaskAPI:
     """A task whose ``api.logits`` hands back precomputed logits: the scoring alone is timed."""
+
     def fn(model, batch, part):  # one candidate: views, no copy
         i = int(batch[0])
-        return logits[i:i + 1], targets[i:i + 1], torch.ones(1, logits.shape[1], dtype=torch.bool)
+        return logits[i : i + 1], targets[i : i + 1], torch.ones(1, logits.shape[1], dtype=torch.bool)
 
-    return TaskAPI(name="bench", family="llm-text", loss=None, per_sample_loss=None, collate=torch.tensor,
-                   build_model=None, parts=("text",), logits=fn)
+    return TaskAPI(
+        name="bench",
+        family="llm-text",
+        loss=None,
+        per_sample_loss=None,
+        collate=torch.tensor,
+        build_model=None,
+        parts=("text",),
+        logits=fn,
+    )
 
 
 def load_vlmia():
@@ -77,8 +94,18 @@ def load_vlmia():
 
 
 def all_variants(api: TaskAPI, model, attack: MaxRenyi, chunk_rows: int, cache: SignalCache | None = None):
-    sig = token_signals(api, model, [0], alphas=attack.alphas, mod_alphas=attack.mod_alphas, batch_size=1,
-                        chunk_rows=chunk_rows, parts=["text"], cache=cache, desc="")
+    sig = token_signals(
+        api,
+        model,
+        [0],
+        alphas=attack.alphas,
+        mod_alphas=attack.mod_alphas,
+        batch_size=1,
+        chunk_rows=chunk_rows,
+        parts=["text"],
+        cache=cache,
+        desc="",
+    )
     return part_scores("text", sig["text"], alphas=attack.alphas, ks=attack.ks, mod_alphas=attack.mod_alphas)
 
 
@@ -102,8 +129,11 @@ def test_bench_all_score_variants_over_forward_pass(benchmark, smollm2_shaped):
             return model(ids[:, :-1]).logits
 
     def one_round():
-        steps = [("forward", forward), ("ours", lambda: all_variants(api, model, attack, 8)),
-                 ("ours_chunk256", lambda: all_variants(api, model, attack, 256))]
+        steps = [
+            ("forward", forward),
+            ("ours", lambda: all_variants(api, model, attack, 8)),
+            ("ours_chunk256", lambda: all_variants(api, model, attack, 256)),
+        ]
         if vlmia is not None:
             steps.append(("vlmia", vlmia_scoring))
         for key, fn in steps:
@@ -117,13 +147,17 @@ def test_bench_all_score_variants_over_forward_pass(benchmark, smollm2_shaped):
     assert len(scores) == 4 * 11 + 10 + 1 + 3
     ratio = med["ours"] / med["forward"]
     benchmark.extra_info.update({f"{k}_s": v for k, v in med.items()}, variants_over_forward=ratio)
-    print(f"\n{len(scores)} score variants of one {T}-token candidate: {med['ours'] * 1e3:.1f} ms "
-          f"(chunk_rows=256: {med['ours_chunk256'] * 1e3:.1f} ms); forward pass {med['forward'] * 1e3:.0f} ms: "
-          f"ratio {ratio:.3f} (target <= 0.1)")
+    print(
+        f"\n{len(scores)} score variants of one {T}-token candidate: {med['ours'] * 1e3:.1f} ms "
+        f"(chunk_rows=256: {med['ours_chunk256'] * 1e3:.1f} ms); forward pass {med['forward'] * 1e3:.0f} ms: "
+        f"ratio {ratio:.3f} (target <= 0.1)"
+    )
     if "vlmia" in med:
-        print(f"VL-MIA's scoring on the same logits: {med['vlmia'] * 1e3:.0f} ms = "
-              f"{med['vlmia'] / med['forward']:.2f}x the forward pass; ours is {med['vlmia'] / med['ours']:.1f}x "
-              f"faster (target >= 5x)")
+        print(
+            f"VL-MIA's scoring on the same logits: {med['vlmia'] * 1e3:.0f} ms = "
+            f"{med['vlmia'] / med['forward']:.2f}x the forward pass; ours is {med['vlmia'] / med['ours']:.1f}x "
+            f"faster (target >= 5x)"
+        )
         benchmark.extra_info["vlmia_over_ours"] = med["vlmia"] / med["ours"]
 
 
@@ -138,8 +172,16 @@ def test_bench_cached_signals_over_computing(benchmark, smollm2_shaped):
         x = ids[batch]
         return m(x[:, :-1]).logits, x[:, 1:], torch.ones(len(batch), T, dtype=torch.bool)
 
-    api = TaskAPI(name="bench", family="llm-text", loss=None, per_sample_loss=None, collate=torch.tensor,
-                  build_model=None, parts=("text",), logits=logits)
+    api = TaskAPI(
+        name="bench",
+        family="llm-text",
+        loss=None,
+        per_sample_loss=None,
+        collate=torch.tensor,
+        build_model=None,
+        parts=("text",),
+        logits=logits,
+    )
     attack, items = MaxRenyi(), list(range(len(ids)))
     cache = SignalCache()
     kw = dict(alphas=attack.alphas, mod_alphas=attack.mod_alphas, batch_size=attack.batch_size, cache=cache)
@@ -153,9 +195,11 @@ def test_bench_cached_signals_over_computing(benchmark, smollm2_shaped):
     model_fingerprint(model)  # what a cell with a freshly built model pays once for its cache key
     hashed = time.perf_counter() - t
     benchmark.extra_info.update(computed_s=computed, ratio=ratio, model_hash_s=hashed)
-    print(f"\nsignals of {len(items)} candidates: computed {computed:.2f} s, from the group's cache "
-          f"{benchmark.stats.stats.median * 1e3:.2f} ms: ratio {ratio:.4f}; hashing the model's state for the "
-          f"key (once per model object) {hashed:.2f} s = {hashed / computed:.3f} of computing")
+    print(
+        f"\nsignals of {len(items)} candidates: computed {computed:.2f} s, from the group's cache "
+        f"{benchmark.stats.stats.median * 1e3:.2f} ms: ratio {ratio:.4f}; hashing the model's state for the "
+        f"key (once per model object) {hashed:.2f} s = {hashed / computed:.3f} of computing"
+    )
 
 
 @pytest.mark.benchmark(group="membership_scoring")
@@ -174,10 +218,14 @@ def test_bench_per_sample_gradient_norms(benchmark):
     def per_sample_loss(m, batch):
         return F.cross_entropy(m(batch[0]), batch[1], reduction="none")
 
-    api = TaskAPI(name="bench", family="image-cls", loss=lambda m, b: per_sample_loss(m, b).mean(),
-                  per_sample_loss=per_sample_loss, collate=lambda xs: (torch.stack([x for x, _ in xs]),
-                                                                       torch.tensor([y for _, y in xs])),
-                  build_model=None)
+    api = TaskAPI(
+        name="bench",
+        family="image-cls",
+        loss=lambda m, b: per_sample_loss(m, b).mean(),
+        per_sample_loss=per_sample_loss,
+        collate=lambda xs: (torch.stack([x for x, _ in xs]), torch.tensor([y for _, y in xs])),
+        build_model=None,
+    )
     from bench.signals import per_sample_grad_norms
 
     times: dict[str, list[float]] = {"fb": [], "norms": []}
@@ -188,8 +236,10 @@ def test_bench_per_sample_gradient_norms(benchmark):
         F.cross_entropy(model(x1), y1).backward()
 
     def one_round():
-        for key, fn in (("fb", forward_backward),
-                        ("norms", lambda: per_sample_grad_norms(api, model, cands, batch_size=8, desc=""))):
+        for key, fn in (
+            ("fb", forward_backward),
+            ("norms", lambda: per_sample_grad_norms(api, model, cands, batch_size=8, desc="")),
+        ):
             t = time.perf_counter()
             fn()
             times[key].append(time.perf_counter() - t)
@@ -203,5 +253,7 @@ def test_bench_per_sample_gradient_norms(benchmark):
     hit = (time.perf_counter() - t) / len(cands)
     assert cache.hits == 1
     benchmark.extra_info.update(forward_backward_s=fb, per_candidate_s=norms, cached_per_candidate_s=hit)
-    print(f"\nper-sample gradient norms: {norms * 1e3:.1f} ms per candidate = {norms / fb:.2f}x one forward+backward "
-          f"({fb * 1e3:.1f} ms); from the group's cache {hit * 1e6:.0f} us per candidate ({hit / fb:.4f}x)")
+    print(
+        f"\nper-sample gradient norms: {norms * 1e3:.1f} ms per candidate = {norms / fb:.2f}x one forward+backward "
+        f"({fb * 1e3:.1f} ms); from the group's cache {hit * 1e6:.0f} us per candidate ({hit / fb:.4f}x)"
+    )

@@ -4,6 +4,7 @@ A test module names its scenario once, ``SCENARIO = "llm-text"``, and uses the `
 fixtures; a scenario whose Debian asset is missing is skipped (failed under ``BENCH_REQUIRE_ASSETS=1``,
 see tests/assets.py). A module that defines its own ``smoke`` / ``batch`` keeps it (pytest's override).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,8 +16,10 @@ from tests.assets import need
 # scenario -> (file that proves its smoke data is installed, how to install it)
 SMOKE_ASSETS: dict[str, tuple[str, str]] = {
     "llm-text": ("/usr/share/games/fortunes/fortunes", "apt-get install fortunes fortunes-min"),
-    "vlm-caption": ("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz",
-                    "apt-get install dataset-fashion-mnist"),
+    "vlm-caption": (
+        "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz",
+        "apt-get install dataset-fashion-mnist",
+    ),
 }
 BATCH = 6  # items in the ``batch`` fixture
 

@@ -2,6 +2,7 @@
 
 Usage: ``python tests/fault_run.py OUT``. Same cells as :func:`matrix` run in-process.
 """
+
 from __future__ import annotations
 
 import sys

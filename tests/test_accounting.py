@@ -1,4 +1,5 @@
 """bench/accounting.py: the per-release Gaussian-mechanism formula and opacus-composed epsilon."""
+
 from __future__ import annotations
 
 import math

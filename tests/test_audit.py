@@ -1,5 +1,6 @@
 """The empirical epsilon audit (bench/audit.py, bench/report/audit.py): the bound on constructed ROC data,
 on a mechanism of known epsilon, and a broken DP mechanism caught as a violation by the leaderboard."""
+
 from __future__ import annotations
 
 import math
@@ -59,8 +60,15 @@ def test_no_leakage_gives_zero_and_more_tests_give_a_smaller_bound():
     assert 0 < many.value < one.value and many.n_tests == 20
 
 
-@pytest.mark.parametrize("bad, msg", [({"scores": [float("nan"), 1.0]}, "NaN"), ({"delta": 1.0}, "delta"),
-                                      ({"confidence": 1.0}, "confidence"), ({"members": [0, 2]}, "0/1")])
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        ({"scores": [float("nan"), 1.0]}, "NaN"),
+        ({"delta": 1.0}, "delta"),
+        ({"confidence": 1.0}, "confidence"),
+        ({"members": [0, 2]}, "0/1"),
+    ],
+)
 def test_bad_inputs_name_the_problem(bad, msg):
     kw = {"scores": [0.0, 1.0], "members": [0, 1], "delta": 1e-5, **bad}
     with pytest.raises(ValueError, match=msg):
@@ -92,16 +100,36 @@ def _gaussian_mean_scores(*, sigma_divisor: float, n_trials: int, seed: int) -> 
 
 
 def _dp_record(defense: str, scores: list[float], members: list[int], delta: float, *, claimed: float) -> dict:
-    return {"cell_id": f"toy-{defense}", "scenario": "toy", "task": "toy/mean", "preset": "smoke", "seed": 0,
-            "defense": defense, "defense_params": {}, "defense_label": defense, "attack": "mean_mia",
-            "attack_params": {}, "attack_label": "mean_mia", "attack_kind": "membership", "view": "global_model",
-            "status": "ok", "reason": "", "utility": {"accuracy": 0.5}, "cost": {},
-            "privacy": {"epsilon": claimed, "epsilon_composed": claimed, "delta": delta, "note": "",
-                        "epsilon_lower_bound": record_bound({"score": scores, "member": members}, delta=delta,
-                                                            attack="mean_mia")},
-            "metrics": {"auroc": {"value": 0.5, "ci_low": 0.4, "ci_high": 0.6}}, "primary": "score",
-            "per_candidate": {"score": scores, "member": members},
-            "provenance": {"code_version": "test", "config_hash": "cfg", "started_at": "2026-01-01T00:00:00Z"}}
+    return {
+        "cell_id": f"toy-{defense}",
+        "scenario": "toy",
+        "task": "toy/mean",
+        "preset": "smoke",
+        "seed": 0,
+        "defense": defense,
+        "defense_params": {},
+        "defense_label": defense,
+        "attack": "mean_mia",
+        "attack_params": {},
+        "attack_label": "mean_mia",
+        "attack_kind": "membership",
+        "view": "global_model",
+        "status": "ok",
+        "reason": "",
+        "utility": {"accuracy": 0.5},
+        "cost": {},
+        "privacy": {
+            "epsilon": claimed,
+            "epsilon_composed": claimed,
+            "delta": delta,
+            "note": "",
+            "epsilon_lower_bound": record_bound({"score": scores, "member": members}, delta=delta, attack="mean_mia"),
+        },
+        "metrics": {"auroc": {"value": 0.5, "ci_low": 0.4, "ci_high": 0.6}},
+        "primary": "score",
+        "per_candidate": {"score": scores, "member": members},
+        "provenance": {"code_version": "test", "config_hash": "cfg", "started_at": "2026-01-01T00:00:00Z"},
+    }
 
 
 def test_a_broken_dp_mechanism_is_caught_as_a_violation_and_a_correct_one_is_not():

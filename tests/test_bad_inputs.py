@@ -4,6 +4,7 @@ names the problem, prints no traceback and writes nothing under --out (nor in th
 The CLI runs in-process (``bench.cli.main``) so the table stays fast; one case goes through a real
 subprocess. Contributed files are written to a temporary folder outside the repository.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,8 +60,10 @@ SPECS_DEFENSE = [
     ("dp_fedlora:server_lr=0", "server_lr=0 is out of range"),
     ("dp_fedlora:server_lr=nan", "server_lr=nan is not a number"),
     ("dp_fedlora:prox_mu=-1", "prox_mu=-1 is out of range"),
-    ("dp_fedlora:server_momentum=1",
-     "server_momentum=1 is out of range; server_momentum must be a finite number in [0, 1)"),
+    (
+        "dp_fedlora:server_momentum=1",
+        "server_momentum=1 is out of range; server_momentum must be a finite number in [0, 1)",
+    ),
     ("dp_fedlora:beta1=1.5", "beta1=1.5 is out of range"),
     ("dp_fedlora:beta2=-0.1", "beta2=-0.1 is out of range"),
     ("dp_fedlora:tau=0", "tau=0 is out of range"),
@@ -114,8 +117,10 @@ SPECS_ATTACK = [
     ("loss_mia:timesteps=1001", "timesteps=1001 is out of range; timesteps must be an integer in [0, 1000]"),
     ("loss_mia:method=oracle", "'oracle' is not one of threshold, proxy"),
     ("gradient_mia:n_estimators=0", "n_estimators=0 is out of range"),
-    ("gradient_mia:n_estimators=100000000",
-     "n_estimators=100000000 is out of range; n_estimators must be an integer in [1, 10000]"),
+    (
+        "gradient_mia:n_estimators=100000000",
+        "n_estimators=100000000 is out of range; n_estimators must be an integer in [1, 10000]",
+    ),
     ("gradient_mia:max_depth=0", "max_depth=0 is out of range"),
     ("gradient_mia:learning_rate=0", "learning_rate=0 is out of range"),
     ("gradient_mia:learning_rate=inf", "learning_rate=inf is not finite"),
@@ -189,9 +194,11 @@ def _case_id(args: list[str]) -> str:
     return " ".join(args)[:60] or "empty"
 
 
-CASES = ([pytest.param(["--defense", s], n, id=s) for s, n in SPECS_DEFENSE]
-         + [pytest.param(["--attack", s], n, id=s) for s, n in SPECS_ATTACK]
-         + [pytest.param(a, n, id=_case_id(a)) for a, n in MALFORMED])
+CASES = (
+    [pytest.param(["--defense", s], n, id=s) for s, n in SPECS_DEFENSE]
+    + [pytest.param(["--attack", s], n, id=s) for s, n in SPECS_ATTACK]
+    + [pytest.param(a, n, id=_case_id(a)) for a, n in MALFORMED]
+)
 
 
 @pytest.fixture(autouse=True)
@@ -239,8 +246,19 @@ def test_bad_run_input_exits_2_with_the_problem_and_writes_nothing(args, needle,
     before = set(os.listdir(sandbox))
 
     # one cheap valid configuration; the case's own arguments come last and win (argparse keeps the last)
-    base = ["run", "--preset", "smoke", "--scenario", "image-cls", "--defense", "fedavg", "--attack", "loss_mia",
-            "--out", "out"]
+    base = [
+        "run",
+        "--preset",
+        "smoke",
+        "--scenario",
+        "image-cls",
+        "--defense",
+        "fedavg",
+        "--attack",
+        "loss_mia",
+        "--out",
+        "out",
+    ]
 
     code, err = run_cli([*base, *args], capsys)
 
@@ -263,14 +281,29 @@ OUT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("out, needle", OUT_CASES, ids=["empty", "blank", "file", "under-a-file", "proc",
-                                                        "nul", "too-long"])
+@pytest.mark.parametrize(
+    "out, needle", OUT_CASES, ids=["empty", "blank", "file", "under-a-file", "proc", "nul", "too-long"]
+)
 def test_bad_out_is_rejected_before_any_work(out, needle, sandbox, capsys):
     (sandbox / "a_file").write_text("x")
     before = set(os.listdir(sandbox))
 
-    code, err = run_cli(["run", "--preset", "smoke", "--scenario", "image-cls", "--defense", "fedavg",
-                         "--attack", "loss_mia", "--out", out], capsys)
+    code, err = run_cli(
+        [
+            "run",
+            "--preset",
+            "smoke",
+            "--scenario",
+            "image-cls",
+            "--defense",
+            "fedavg",
+            "--attack",
+            "loss_mia",
+            "--out",
+            out,
+        ],
+        capsys,
+    )
 
     assert_rejected(code, err, needle, sandbox, before)
     assert (sandbox / "a_file").read_text() == "x"
@@ -290,15 +323,19 @@ def test_read_only_out_is_rejected(sandbox, capsys):
     assert not (ro / "out").exists()
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["leaderboard", "--out", ""], "--out must name a directory"),
-    (["leaderboard", "--out", "none"], "no records under"),
-    (["check", "--defense", "dp_gaussian:eps=nan"], "eps=nan is not a number"),
-    (["check", "--defense", "/etc/passwd"], "is neither a registered name nor a Python file"),
-    (["check", "--defense", "fedavg", "--scenario", "nope"], "unknown scenario 'nope'"),
-    (["list", "--preset", "huge"], "Valid choices: smoke, default, paper"),
-    (["frobnicate"], "invalid choice: 'frobnicate'"),
-], ids=lambda v: v if isinstance(v, str) else _case_id(v))
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["leaderboard", "--out", ""], "--out must name a directory"),
+        (["leaderboard", "--out", "none"], "no records under"),
+        (["check", "--defense", "dp_gaussian:eps=nan"], "eps=nan is not a number"),
+        (["check", "--defense", "/etc/passwd"], "is neither a registered name nor a Python file"),
+        (["check", "--defense", "fedavg", "--scenario", "nope"], "unknown scenario 'nope'"),
+        (["list", "--preset", "huge"], "Valid choices: smoke, default, paper"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else _case_id(v),
+)
 def test_other_commands_reject_bad_input(args, needle, sandbox, capsys):
     before = set(os.listdir(sandbox))
 
@@ -331,11 +368,26 @@ class {cls}(Defense):
 """
 
 
-def contributed(folder: Path, name: str, *, cls: str = "Mine", default: str = "0.5", grid: str = "({},)",
-                body: str = "", extra_import: str = "") -> Path:
+def contributed(
+    folder: Path,
+    name: str,
+    *,
+    cls: str = "Mine",
+    default: str = "0.5",
+    grid: str = "({},)",
+    body: str = "",
+    extra_import: str = "",
+) -> Path:
     path = folder / name
-    path.write_text(textwrap.dedent(GOOD).format(cls=cls, default=default, grid=grid, extra_import=extra_import,
-                                                 body=textwrap.indent(textwrap.dedent(body), "    ")))
+    path.write_text(
+        textwrap.dedent(GOOD).format(
+            cls=cls,
+            default=default,
+            grid=grid,
+            extra_import=extra_import,
+            body=textwrap.indent(textwrap.dedent(body), "    "),
+        )
+    )
     return path
 
 
@@ -349,31 +401,63 @@ def _contrib_cases(d: Path) -> list[tuple[str, str]]:
         (str(d / "missing.py"), "does not exist"),
         (str(d / "plugins"), "is neither a registered name nor a Python file"),
         (str(d / "syntax_error.py"), "does not import: SyntaxError: invalid syntax (line 1)"),
-        (str(contributed(d, "missing_import.py", extra_import="import no_such_module_xyz")),
-         "does not import: ModuleNotFoundError: No module named 'no_such_module_xyz'"),
+        (
+            str(contributed(d, "missing_import.py", extra_import="import no_such_module_xyz")),
+            "does not import: ModuleNotFoundError: No module named 'no_such_module_xyz'",
+        ),
         (str(contributed(d, "fedavg.py")), "defense 'fedavg' is already registered by defenses.fedavg"),
         (str(contributed(d, "exits.py", extra_import="raise SystemExit(0)")), "it called sys.exit(0) while importing"),
         (str(contributed(d, "raises.py", extra_import="1 / 0")), "does not import: ZeroDivisionError"),
         (str(d / "nothing.py"), "must register exactly one defense; it registered none"),
-        (str(contributed(d, "bad_grid.py", grid="({'keep': 0.5}, {'keep': 'lots'})")),
-         "'lots' is not a valid float"),
+        (str(contributed(d, "bad_grid.py", grid="({'keep': 0.5}, {'keep': 'lots'})")), "'lots' is not a valid float"),
         (str(contributed(d, "bad_grid_key.py", grid="({'kep': 0.5},)")), "has no parameter 'kep'"),
         (str(contributed(d, "grid_not_tuple.py", grid="{'keep': 0.5}")), "grid must be a non-empty tuple"),
         (str(contributed(d, "nan_default.py", default="float('nan')")), "keep=nan is not a number"),
-        (str(contributed(d, "ranged_default.py", default="param(2.0, ge=0.0, le=1.0)",
-                         extra_import="from bench.params import param")),
-         "keep=2.0 is out of range; keep must be a finite number in [0, 1]"),
-        (str(contributed(d, "post_init_raises.py", body="def __post_init__(self):\n    raise RuntimeError('boom')\n")),
-         "RuntimeError: boom"),
+        (
+            str(
+                contributed(
+                    d,
+                    "ranged_default.py",
+                    default="param(2.0, ge=0.0, le=1.0)",
+                    extra_import="from bench.params import param",
+                )
+            ),
+            "keep=2.0 is out of range; keep must be a finite number in [0, 1]",
+        ),
+        (
+            str(
+                contributed(d, "post_init_raises.py", body="def __post_init__(self):\n    raise RuntimeError('boom')\n")
+            ),
+            "RuntimeError: boom",
+        ),
         (str(contributed(d, "ok_twice.py")) + "," + str(d / "ok_twice.py"), "is given twice"),
-        (str(contributed(d, "bad_annotation.py", body="extra: 'NoSuchType' = 1\n")),
-         "the types of its fields cannot be read (NameError"),
+        (
+            str(contributed(d, "bad_annotation.py", body="extra: 'NoSuchType' = 1\n")),
+            "the types of its fields cannot be read (NameError",
+        ),
     ]
 
 
-CONTRIB_IDS = ["etc-passwd", "txt", "missing", "directory", "syntax", "missing-import", "collides-builtin",
-               "sys-exit", "raises", "registers-nothing", "bad-grid-value", "bad-grid-key", "grid-not-tuple",
-               "nan-default", "out-of-range-default", "post-init-raises", "same-path-twice", "bad-annotation"]
+CONTRIB_IDS = [
+    "etc-passwd",
+    "txt",
+    "missing",
+    "directory",
+    "syntax",
+    "missing-import",
+    "collides-builtin",
+    "sys-exit",
+    "raises",
+    "registers-nothing",
+    "bad-grid-value",
+    "bad-grid-key",
+    "grid-not-tuple",
+    "nan-default",
+    "out-of-range-default",
+    "post-init-raises",
+    "same-path-twice",
+    "bad-annotation",
+]
 
 
 @pytest.mark.parametrize("which", range(len(CONTRIB_IDS)), ids=CONTRIB_IDS)
@@ -382,8 +466,11 @@ def test_broken_contributed_file_is_a_usage_error(which, command, sandbox, capsy
     (sandbox / "nothing.py").write_text("x = 1\n")
     spec, needle = _contrib_cases(sandbox)[which]
     before = set(os.listdir(sandbox))
-    args = ["run", "--preset", "smoke", "--scenario", "image-cls", "--attack", "loss_mia", "--out", "out"] \
-        if command == "run" else ["check", "--scenario", "image-cls"]
+    args = (
+        ["run", "--preset", "smoke", "--scenario", "image-cls", "--attack", "loss_mia", "--out", "out"]
+        if command == "run"
+        else ["check", "--scenario", "image-cls"]
+    )
 
     code, err = run_cli([*args, "--defense", spec], capsys)
 
@@ -463,14 +550,17 @@ def test_param_declares_a_range_and_the_generic_rule_covers_undeclared_fields():
 # what a defense reports: NaN / negative / infinite epsilon fails the cell
 
 
-@pytest.mark.parametrize("privacy, needle", [
-    ({"epsilon": float("nan")}, "epsilon=nan"),
-    ({"epsilon": -1.0}, "epsilon=-1.0"),
-    ({"epsilon": math.inf}, "epsilon=inf"),
-    ({"epsilon": 1.0, "epsilon_composed": -0.5}, "epsilon_composed=-0.5"),
-    ({"epsilon": "inf"}, "epsilon='inf'"),
-    ({"epsilon": 1.0, "delta": 2.0}, "delta=2.0"),
-])
+@pytest.mark.parametrize(
+    "privacy, needle",
+    [
+        ({"epsilon": float("nan")}, "epsilon=nan"),
+        ({"epsilon": -1.0}, "epsilon=-1.0"),
+        ({"epsilon": math.inf}, "epsilon=inf"),
+        ({"epsilon": 1.0, "epsilon_composed": -0.5}, "epsilon_composed=-0.5"),
+        ({"epsilon": "inf"}, "epsilon='inf'"),
+        ({"epsilon": 1.0, "delta": 2.0}, "delta=2.0"),
+    ],
+)
 def test_check_privacy_rejects_bad_epsilons(privacy, needle):
     with pytest.raises(ValueError, match=needle):
         check_privacy(privacy, "mine")
@@ -478,8 +568,9 @@ def test_check_privacy_rejects_bad_epsilons(privacy, needle):
 
 def test_check_privacy_accepts_none_and_finite_non_negative():
     check_privacy({"epsilon": None, "epsilon_composed": None, "delta": None}, "fedavg")
-    check_privacy({"epsilon": 0.0, "epsilon_composed": 3.5, "epsilon_composed_no_amplification": 7, "delta": 1e-5},
-                  "dp")
+    check_privacy(
+        {"epsilon": 0.0, "epsilon_composed": 3.5, "epsilon_composed_no_amplification": 7, "delta": 1e-5}, "dp"
+    )
 
 
 @pytest.mark.parametrize("eps", [float("nan"), -1.0, math.inf])
@@ -498,6 +589,7 @@ def test_defense_reporting_a_bad_epsilon_fails_its_cells_with_the_reason(eps, tm
     summary = run([toy_task(rounds=1)], [BadEps()], [ToyLossMIA()], [0], tmp_path)
 
     import json
+
     recs = [json.loads(p.read_text()) for p in (tmp_path / "records").glob("*/*.json")]
     mine = [r for r in recs if r["defense"] == "bad_eps"]
     assert mine and all(r["status"] == "failed" for r in mine)
@@ -528,6 +620,7 @@ def test_defense_whose_applies_raises_fails_its_cells_and_planning_goes_on(tmp_p
     assert all(c.error is None for c in cells if c.defense is not None and c.defense.name == "fedavg")
     assert summary.counts["failed"] == len(broken)
     import json
+
     recs = [json.loads(p.read_text()) for p in (tmp_path / "records").glob("*/*.json")]
     assert [r["status"] for r in recs] == ["failed"] * len(broken)
     assert "applies exploded" in recs[0]["reason"]
@@ -542,9 +635,25 @@ def test_subprocess_bad_contributed_file_exits_2_without_traceback(tmp_path):
     bad.write_text("def broken(:\n")
     env = {**os.environ, "BENCH_QUIET": "1", "PYTHONPATH": str(ROOT)}
 
-    res = subprocess.run([sys.executable, "-m", "bench", "run", "--preset", "smoke", "--defense",
-                          f"{bad},dp_gaussian:eps=nan", "--out", str(tmp_path / "out")], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "run",
+            "--preset",
+            "smoke",
+            "--defense",
+            f"{bad},dp_gaussian:eps=nan",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
     assert res.returncode == 2, res.stderr
     assert "does not import: SyntaxError" in res.stderr

@@ -2,6 +2,7 @@
 defense that hangs, or exits with SystemExit in client_step / aggregate, is reported FAIL and check exits
 1, and the configurations after it are still checked; `check --attack` is wired; bad flag combinations
 exit 2."""
+
 from __future__ import annotations
 
 import os
@@ -24,23 +25,26 @@ MISBEHAVING = {  # file stem -> (line in client_step, line in aggregate)
 
 
 def defense_source(client_line: str, aggregate_line: str) -> str:
-    return ("import sys\nimport time\nfrom dataclasses import dataclass\n\n"
-            "from bench.fl import fedavg_aggregate, standard_message\n"
-            "from bench.registry import register_defense\n"
-            "from bench.types import Defense\n\n\n"
-            "@register_defense\n@dataclass\nclass Misbehaving(Defense):\n"
-            "    def client_step(self, state, ctx):\n"
-            f"        {client_line or 'pass'}\n"
-            "        return standard_message(state, ctx)\n\n"
-            "    def aggregate(self, global_state, msgs, ctx):\n"
-            f"        {aggregate_line or 'pass'}\n"
-            "        return fedavg_aggregate(global_state, msgs, ctx)\n")
+    return (
+        "import sys\nimport time\nfrom dataclasses import dataclass\n\n"
+        "from bench.fl import fedavg_aggregate, standard_message\n"
+        "from bench.registry import register_defense\n"
+        "from bench.types import Defense\n\n\n"
+        "@register_defense\n@dataclass\nclass Misbehaving(Defense):\n"
+        "    def client_step(self, state, ctx):\n"
+        f"        {client_line or 'pass'}\n"
+        "        return standard_message(state, ctx)\n\n"
+        "    def aggregate(self, global_state, msgs, ctx):\n"
+        f"        {aggregate_line or 'pass'}\n"
+        "        return fedavg_aggregate(global_state, msgs, ctx)\n"
+    )
 
 
 def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "BENCH_QUIET": "1", "BENCH_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=900)  # far above what the --timeout below allows: the test itself cannot hang
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
+    )  # far above what the --timeout below allows: the test itself cannot hang
 
 
 def blocks(stdout: str) -> dict[str, str]:
@@ -57,8 +61,9 @@ def test_check_fails_hanging_and_exiting_defenses_and_goes_on(tmp_path):
         (tmp_path / f"{stem}.py").write_text(defense_source(client, agg))
         paths.append(str(tmp_path / f"{stem}.py"))
 
-    res = bench("check", "--defense", ",".join([*paths, "fedavg"]), "--scenario", SCENARIO, "--timeout", "20",
-                cwd=tmp_path)
+    res = bench(
+        "check", "--defense", ",".join([*paths, "fedavg"]), "--scenario", SCENARIO, "--timeout", "20", cwd=tmp_path
+    )
 
     assert res.returncode == 1, res.stdout + res.stderr
     rep = blocks(res.stdout)
@@ -78,13 +83,16 @@ def test_check_attack_runs_a_registered_attack(tmp_path):
     assert "PASS  output" in res.stdout and "FAIL" not in res.stdout
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["check", "--defense", "fedavg", "--attack", "loss_mia"], "exactly one of --defense"),
-    (["check", "--scenario", SCENARIO], "exactly one of --defense"),
-    (["check", "--defense", "fedavg", "--timeout", "-3"], "--timeout must be > 0"),
-    (["check", "--defense", "fedavg", "--timeout", "soon"], "--timeout must be a number"),
-    (["check", "--attack", "nope"], "nope"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["check", "--defense", "fedavg", "--attack", "loss_mia"], "exactly one of --defense"),
+        (["check", "--scenario", SCENARIO], "exactly one of --defense"),
+        (["check", "--defense", "fedavg", "--timeout", "-3"], "--timeout must be > 0"),
+        (["check", "--defense", "fedavg", "--timeout", "soon"], "--timeout must be a number"),
+        (["check", "--attack", "nope"], "nope"),
+    ],
+)
 def test_check_bad_flags_exit_2_and_write_nothing(args, needle, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
 

@@ -1,4 +1,5 @@
 """The real CLI: bad input exits 2 with the choices and writes nothing."""
+
 from __future__ import annotations
 
 import os
@@ -13,23 +14,27 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "BENCH_QUIET": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--scenario", "nope"], "unknown scenario 'nope'"),
-    (["--defense", "flrsp,fedavgg"], "Did you mean 'fedavg'"),
-    (["--attack", "nope"], "unknown attack 'nope'"),
-    (["--preset", "huge"], "Valid choices: smoke, default, paper"),
-    (["--defense", "flrsp:R"], "malformed spec"),
-    (["--defense", "flrsp:R=abc"], "not a valid float"),
-    (["--defense", "flrsp:Q=1"], "Valid parameters: R, form"),
-    (["--seeds", "0"], "--seeds must be a positive integer"),
-    (["--seeds", "100000000000000"], "at most 1000"),
-    (["--defense", "dp_gaussian:eps=nan"], "eps=nan is not a number"),
-    (["--defense", "/etc/passwd"], "is neither a registered name nor a Python file"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--scenario", "nope"], "unknown scenario 'nope'"),
+        (["--defense", "flrsp,fedavgg"], "Did you mean 'fedavg'"),
+        (["--attack", "nope"], "unknown attack 'nope'"),
+        (["--preset", "huge"], "Valid choices: smoke, default, paper"),
+        (["--defense", "flrsp:R"], "malformed spec"),
+        (["--defense", "flrsp:R=abc"], "not a valid float"),
+        (["--defense", "flrsp:Q=1"], "Valid parameters: R, form"),
+        (["--seeds", "0"], "--seeds must be a positive integer"),
+        (["--seeds", "100000000000000"], "at most 1000"),
+        (["--defense", "dp_gaussian:eps=nan"], "eps=nan is not a number"),
+        (["--defense", "/etc/passwd"], "is neither a registered name nor a Python file"),
+    ],
+)
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, needle):
     out = tmp_path / "out"
 

@@ -1,5 +1,6 @@
 """Conformance: every registered defense and attack passes (no per-method test code needed), and the
 checks catch broken ones (wrong shapes, NaN, raising, hidden randomness, in-place edits, bad epsilon)."""
+
 from __future__ import annotations
 
 import math
@@ -91,8 +92,7 @@ class Unseeded(FedAvg):
 
     def client_step(self, state, ctx):
         msg = super().client_step(state, ctx)
-        return Message(msg.client, msg.round, {k: v + random.random() for k, v in msg.tensors.items()},
-                       msg.num_samples)
+        return Message(msg.client, msg.round, {k: v + random.random() for k, v in msg.tensors.items()}, msg.num_samples)
 
 
 @dataclass
@@ -139,14 +139,17 @@ def test_fedavg_passes_every_check_on_the_toy_task():
     assert _status(rep, "determinism") == "PASS" and _status(rep, "updates") == "PASS"
 
 
-@pytest.mark.parametrize("defense, check, needle", [
-    (WrongShape(), "shapes", "has shape"),
-    (NaNs(), "finite", "NaN"),
-    (Raising(), "train", "client exploded"),
-    (Unseeded(), "determinism", "differ between two runs"),
-    (InPlace(), "isolation", "in place"),
-    (BadEpsilon(), "epsilon", "must be None or >= 0"),
-])
+@pytest.mark.parametrize(
+    "defense, check, needle",
+    [
+        (WrongShape(), "shapes", "has shape"),
+        (NaNs(), "finite", "NaN"),
+        (Raising(), "train", "client exploded"),
+        (Unseeded(), "determinism", "differ between two runs"),
+        (InPlace(), "isolation", "in place"),
+        (BadEpsilon(), "epsilon", "must be None or >= 0"),
+    ],
+)
 def test_broken_defense_is_reported_with_the_reason(defense, check, needle):
     rep = _check(defense)
 
@@ -208,12 +211,15 @@ class BadViews(Attack):
         return Scores({"s": torch.zeros(len(candidates))})
 
 
-@pytest.mark.parametrize("attack, check, needle", [
-    (ShortScores(), "output", "has shape"),
-    (NaNScores(), "output", "NaN"),
-    (WrongType(), "output", "expected Scores"),
-    (BadViews(), "views", "the_server_database"),
-])
+@pytest.mark.parametrize(
+    "attack, check, needle",
+    [
+        (ShortScores(), "output", "has shape"),
+        (NaNScores(), "output", "NaN"),
+        (WrongType(), "output", "expected Scores"),
+        (BadViews(), "views", "the_server_database"),
+    ],
+)
 def test_broken_attack_is_reported(attack, check, needle):
     rep = attack_report(attack, None)
 

@@ -1,6 +1,7 @@
 """Contributed defenses: the CONTRIBUTING.md template, the worked example, the entry-point group, a
 path on the command line, type-checked hyper-parameters, and the acceptance run (a defense from a
 temporary folder outside the repository reaches the leaderboard; broken ones are reported)."""
+
 from __future__ import annotations
 
 import json
@@ -51,14 +52,16 @@ BROKEN = {
 
 
 def broken_source(body: str) -> str:
-    return ("from dataclasses import dataclass\n"
-            "from bench.fl import fedavg_aggregate, standard_message\n"
-            "from bench.registry import register_defense\n"
-            "from bench.types import Defense, Message\n\n\n"
-            "@register_defense\n@dataclass\nclass Broken(Defense):\n"
-            + textwrap.indent(textwrap.dedent(body), "    ")
-            + "\n    def aggregate(self, global_state, msgs, ctx):\n"
-              "        return fedavg_aggregate(global_state, msgs, ctx)\n")
+    return (
+        "from dataclasses import dataclass\n"
+        "from bench.fl import fedavg_aggregate, standard_message\n"
+        "from bench.registry import register_defense\n"
+        "from bench.types import Defense, Message\n\n\n"
+        "@register_defense\n@dataclass\nclass Broken(Defense):\n"
+        + textwrap.indent(textwrap.dedent(body), "    ")
+        + "\n    def aggregate(self, global_state, msgs, ctx):\n"
+        "        return fedavg_aggregate(global_state, msgs, ctx)\n"
+    )
 
 
 @pytest.fixture
@@ -73,8 +76,9 @@ def restore_registry():
 
 def bench(*args: str, cwd: Path, pythonpath: str = "") -> subprocess.CompletedProcess:
     env = {**os.environ, "BENCH_QUIET": "1", "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, str(ROOT)) if p)}
-    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=1800)
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -165,8 +169,21 @@ def test_contributed_defense_reaches_the_leaderboard_and_broken_ones_fail_with_r
     out = tmp_path / "results"
     specs = ",".join(str(contrib_dir / f"{n}.py") for n in ["my_defense", *BROKEN])
 
-    ran = bench("run", "--scenario", SCENARIO, "--preset", "smoke", "--defense", specs, "--attack",
-                "loss_mia:method=threshold", "--out", str(out), "--no-leaderboard", cwd=tmp_path)
+    ran = bench(
+        "run",
+        "--scenario",
+        SCENARIO,
+        "--preset",
+        "smoke",
+        "--defense",
+        specs,
+        "--attack",
+        "loss_mia:method=threshold",
+        "--out",
+        str(out),
+        "--no-leaderboard",
+        cwd=tmp_path,
+    )
     lb = bench("leaderboard", "--out", str(out), cwd=tmp_path)
 
     assert ran.returncode == 0, ran.stderr
@@ -178,7 +195,9 @@ def test_contributed_defense_reaches_the_leaderboard_and_broken_ones_fail_with_r
         assert status[(task, "my_defense", "global_model")][0] == "ok"
         assert status[(task, "base", "global_model")][0] == "ok"
         assert status[(task, "broken_raise", "global_model")] == (
-            "failed", "RuntimeError: training failed: RuntimeError: the contributed client exploded")
+            "failed",
+            "RuntimeError: training failed: RuntimeError: the contributed client exploded",
+        )
         assert "non-finite" in status[(task, "broken_nan", "client_model")][1]
         assert "shape" in status[(task, "broken_shape", "global_model")][1]
     table = pd.read_csv(out / "leaderboards" / f"{SCENARIO}.csv")
@@ -222,8 +241,22 @@ def test_an_entry_point_defense_keeps_its_registered_name_in_worker_processes(tm
     out = tmp_path / "results"
 
     # act: the cells run in worker processes, which import the bare class
-    ran = bench("run", "--scenario", SCENARIO, "--preset", "smoke", "--defense", "clip_pkg:clip=0.5", "--attack",
-                "loss_mia:method=threshold", "--out", str(out), "--no-leaderboard", cwd=tmp_path, pythonpath=str(pkg))
+    ran = bench(
+        "run",
+        "--scenario",
+        SCENARIO,
+        "--preset",
+        "smoke",
+        "--defense",
+        "clip_pkg:clip=0.5",
+        "--attack",
+        "loss_mia:method=threshold",
+        "--out",
+        str(out),
+        "--no-leaderboard",
+        cwd=tmp_path,
+        pythonpath=str(pkg),
+    )
 
     # assert
     assert ran.returncode == 0, ran.stderr

@@ -1,4 +1,5 @@
 """End-to-end smoke run of the real CLI on the image-classification slice (APRIL controls)."""
+
 from __future__ import annotations
 
 import csv
@@ -9,15 +10,29 @@ from tests.test_cli import bench
 
 def test_cli_smoke_run_writes_records_and_leaderboards_and_resumes(tmp_path):
     out = tmp_path / "out"
-    args = ("run", "--scenario", "image-cls", "--preset", "smoke", "--defense",
-            "fedsgd,fixed_position,flrsp:R=0.8:form=fedsgd", "--attack", "april", "--out", str(out))
+    args = (
+        "run",
+        "--scenario",
+        "image-cls",
+        "--preset",
+        "smoke",
+        "--defense",
+        "fedsgd,fixed_position,flrsp:R=0.8:form=fedsgd",
+        "--attack",
+        "april",
+        "--out",
+        str(out),
+    )
 
     first = bench(*args, cwd=tmp_path)
 
     assert first.returncode == 0, first.stderr[-3000:]
     recs = [json.loads(p.read_text()) for p in (out / "records").glob("*/*.json")]
-    ssim = {r["defense_label"]: r["metrics"]["ssim"]["value"] for r in recs
-            if r["task"] == "image-cls/vit" and r["status"] == "ok"}
+    ssim = {
+        r["defense_label"]: r["metrics"]["ssim"]["value"]
+        for r in recs
+        if r["task"] == "image-cls/vit" and r["status"] == "ok"
+    }
     assert ssim["fedsgd"] >= 0.9  # positive control: undefended ViT, batch 1
     assert ssim["fixed_position"] < 0.3  # negative control: no positional-embedding update
     assert ssim["flrsp(R=0.8,form=fedsgd)"] < ssim["fedsgd"]

@@ -1,5 +1,6 @@
 """The execution engine: worker processes (--jobs), per-unit isolation (timeouts, memory cap, sys.exit),
 the plan (--dry-run) and the Ray executor, on the toy task and a cheap smoke slice."""
+
 from __future__ import annotations
 
 import functools
@@ -23,6 +24,7 @@ ATTACKS = [ToyLossMIA(), ToyMeanRecon()]
 @dataclass
 class Sleepy(FedAvg):
     """A contributed defense that hangs in its client step."""
+
     name = "sleepy"
 
     def client_step(self, state, ctx):
@@ -40,6 +42,7 @@ class Exiting(FedAvg):
 @dataclass
 class Hungry(FedAvg):
     """Asks for far more memory than the worker's cap."""
+
     name = "hungry"
 
     def client_step(self, state, ctx):
@@ -55,17 +58,31 @@ def task():
 
 
 def metrics_of(out) -> dict:
-    return {(r["defense_label"], r["attack_label"], r["view"]): (r["status"], r.get("metrics"), r.get("per_candidate"))
-            for r in Store(out).records()}
+    return {
+        (r["defense_label"], r["attack_label"], r["view"]): (r["status"], r.get("metrics"), r.get("per_candidate"))
+        for r in Store(out).records()
+    }
 
 
 def test_jobs_2_and_jobs_1_give_identical_records(tmp_path):
     defenses = [FedAvg(), FedSGD()]
 
-    run([task()], defenses, ATTACKS, [0], tmp_path / "j1",
-        executor=LocalExecutor(1, WorkerConfig(threads=default_threads(1), timeout_s=300)))
-    s2 = run([task()], defenses, ATTACKS, [0], tmp_path / "j2",
-             executor=LocalExecutor(2, WorkerConfig(threads=default_threads(2), timeout_s=300)))
+    run(
+        [task()],
+        defenses,
+        ATTACKS,
+        [0],
+        tmp_path / "j1",
+        executor=LocalExecutor(1, WorkerConfig(threads=default_threads(1), timeout_s=300)),
+    )
+    s2 = run(
+        [task()],
+        defenses,
+        ATTACKS,
+        [0],
+        tmp_path / "j2",
+        executor=LocalExecutor(2, WorkerConfig(threads=default_threads(2), timeout_s=300)),
+    )
 
     one, two = metrics_of(tmp_path / "j1"), metrics_of(tmp_path / "j2")
     assert len(two) == len(plan([task()], defenses, ATTACKS, [0])) and s2.counts["failed"] == 0
@@ -112,13 +129,30 @@ def test_cli_exiting_contributed_defense_fails_its_cells_and_leaderboards_are_wr
     from bench.cli import main
 
     contrib = tmp_path / "quitter.py"
-    contrib.write_text("import sys\nfrom dataclasses import dataclass\nfrom bench.registry import register_defense\n"
-                       "from defenses.fedsgd import FedSGD\n\n\n@register_defense\n@dataclass\nclass Quitter(FedSGD):\n"
-                       "    def client_step(self, state, ctx):\n        sys.exit(0)\n")
+    contrib.write_text(
+        "import sys\nfrom dataclasses import dataclass\nfrom bench.registry import register_defense\n"
+        "from defenses.fedsgd import FedSGD\n\n\n@register_defense\n@dataclass\nclass Quitter(FedSGD):\n"
+        "    def client_step(self, state, ctx):\n        sys.exit(0)\n"
+    )
     out = tmp_path / "out"
 
-    code = main(["run", "--scenario", "image-cls", "--defense", f"{contrib},fedsgd", "--attack", "april",
-                 "--preset", "smoke", "--out", str(out), "--jobs", "1"])
+    code = main(
+        [
+            "run",
+            "--scenario",
+            "image-cls",
+            "--defense",
+            f"{contrib},fedsgd",
+            "--attack",
+            "april",
+            "--preset",
+            "smoke",
+            "--out",
+            str(out),
+            "--jobs",
+            "1",
+        ]
+    )
 
     assert code == 0
     recs = [json.loads(p.read_text()) for p in (out / "records").glob("*/*.json")]
@@ -132,28 +166,65 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     from bench.cli import main
 
     out = tmp_path / "never"
-    code = main(["run", "--scenario", "image-cls", "--defense", "fedsgd", "--attack", "april", "--preset", "smoke",
-                 "--out", str(out), "--dry-run", "--jobs", "2"])
+    code = main(
+        [
+            "run",
+            "--scenario",
+            "image-cls",
+            "--defense",
+            "fedsgd",
+            "--attack",
+            "april",
+            "--preset",
+            "smoke",
+            "--out",
+            str(out),
+            "--dry-run",
+            "--jobs",
+            "2",
+        ]
+    )
 
     text = capsys.readouterr().out
     assert code == 0 and not out.exists()
     assert "cells planned" in text and "1 to train" in text and "estimated time" in text and "2 job(s)" in text
 
 
-@pytest.mark.parametrize("flags, problem", [(["--jobs", "0"], "--jobs"), (["--jobs", "x"], "--jobs"),
-                                            (["--cell-timeout", "-1"], "--cell-timeout"),
-                                            (["--cell-timeout", "nan"], "--cell-timeout"),
-                                            (["--executor", "slurm"], "executor"), (["--device", "tpu"], "device"),
-                                            (["--mem-cap", "-5"], "--mem-cap"),
-                                            (["--ray-address", "ray://h:1"], "--executor ray"),
-                                            (["--precision", "fp64"], "fp32, bf16, fp16"),
-                                            (["--precision", "fp16", "--device", "cpu"], "CUDA")])
+@pytest.mark.parametrize(
+    "flags, problem",
+    [
+        (["--jobs", "0"], "--jobs"),
+        (["--jobs", "x"], "--jobs"),
+        (["--cell-timeout", "-1"], "--cell-timeout"),
+        (["--cell-timeout", "nan"], "--cell-timeout"),
+        (["--executor", "slurm"], "executor"),
+        (["--device", "tpu"], "device"),
+        (["--mem-cap", "-5"], "--mem-cap"),
+        (["--ray-address", "ray://h:1"], "--executor ray"),
+        (["--precision", "fp64"], "fp32, bf16, fp16"),
+        (["--precision", "fp16", "--device", "cpu"], "CUDA"),
+    ],
+)
 def test_bad_engine_flags_exit_2_and_write_nothing(tmp_path, capsys, flags, problem):
     from bench.cli import main
 
     out = tmp_path / "never"
-    code = main(["run", "--scenario", "image-cls", "--defense", "fedsgd", "--attack", "april", "--preset", "smoke",
-                 "--out", str(out), *flags])
+    code = main(
+        [
+            "run",
+            "--scenario",
+            "image-cls",
+            "--defense",
+            "fedsgd",
+            "--attack",
+            "april",
+            "--preset",
+            "smoke",
+            "--out",
+            str(out),
+            *flags,
+        ]
+    )
 
     assert code == 2 and not out.exists()
     assert problem in capsys.readouterr().err
@@ -187,7 +258,6 @@ def test_the_worker_builds_every_model_on_the_units_device():
     assert {p.device.type for p in t.api.build_model().parameters()} == {"cpu"}  # the original is untouched
 
 
-
 OWNER = """
 import sys
 from bench.executors import Slot, WorkerConfig
@@ -207,8 +277,14 @@ def test_a_busy_worker_dies_with_its_killed_owner(tmp_path, context):
 
     marker = tmp_path / "worker.pid"
     log = open(tmp_path / "owner.log", "wb")  # noqa: SIM115 - the child's output, read on failure
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, context, str(marker)], cwd=ROOT, stdout=log, stderr=log,
-                             start_new_session=True, env={**os.environ, "BENCH_THREADS": "1"})
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, context, str(marker)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        env={**os.environ, "BENCH_THREADS": "1"},
+    )
     _until(lambda: marker.exists() or owner.poll() is not None, 300)  # the worker initialised and is in its unit
     assert owner.poll() is None and marker.exists(), (tmp_path / "owner.log").read_text()
     worker = int(marker.read_text())
@@ -224,8 +300,17 @@ def test_a_busy_worker_dies_with_its_killed_owner(tmp_path, context):
     assert gone_after <= 10, f"{left} still running {gone_after:.0f} s after the owner's kill -9 (worker {worker})"
 
 
-NOISE = ("Loading weights", "Loaded pretrained weights", "MiniLM captions", "will save all extracted features",
-         "leaked semaphore", "resource_tracker", "Kernel Inception Distance", "huggingface", "transformers")
+NOISE = (
+    "Loading weights",
+    "Loaded pretrained weights",
+    "MiniLM captions",
+    "will save all extracted features",
+    "leaked semaphore",
+    "resource_tracker",
+    "Kernel Inception Distance",
+    "huggingface",
+    "transformers",
+)
 
 
 def test_a_run_keeps_third_party_noise_out_of_the_terminal_but_not_its_own_warnings(tmp_path):
@@ -236,10 +321,27 @@ def test_a_run_keeps_third_party_noise_out_of_the_terminal_but_not_its_own_warni
     from tests.test_faults import ROOT
 
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "bench", "run", "--preset", "smoke", "--scenario", "ldm-t2i,vlm-caption",
-           "--defense", "fedavg", "--attack", "loss_mia", "--jobs", "2", "--out", str(out)]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800,
-                         env={**os.environ, "BENCH_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "run",
+        "--preset",
+        "smoke",
+        "--scenario",
+        "ldm-t2i,vlm-caption",
+        "--defense",
+        "fedavg",
+        "--attack",
+        "loss_mia",
+        "--jobs",
+        "2",
+        "--out",
+        str(out),
+    ]
+    res = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, env={**os.environ, "BENCH_THREADS": "1"}
+    )
 
     assert res.returncode == 0, res.stderr[-3000:]
     heard = [n for n in NOISE if n in res.stderr or n in res.stdout]
@@ -254,13 +356,17 @@ def test_a_run_keeps_third_party_noise_out_of_the_terminal_but_not_its_own_warni
 # are the CPU-side guards; GPU runs are not measured on this machine)
 
 HOT_PATHS = ("bench/scenarios", "bench/signals.py", "bench/cells.py", "bench/fl.py", "attacks", "defenses")
-HARD_DEVICE = (r"""\.cpu\(\)|\.cuda\(|device\s*=\s*["'](cpu|cuda)|torch\.device\(\s*["'](cpu|cuda)"""
-               r"""|\.to\(\s*["'](cpu|cuda)""")
+HARD_DEVICE = (
+    r"""\.cpu\(\)|\.cuda\(|device\s*=\s*["'](cpu|cuda)|torch\.device\(\s*["'](cpu|cuda)"""
+    r"""|\.to\(\s*["'](cpu|cuda)"""
+)
 # (file, the line's code) allowed: results leaving for storage / numpy at the end, never in an optimisation loop
 DEVICE_ALLOWED = {
     ("bench/signals.py", "rows[part].setdefault(k, []).extend(torch.split(v.cpu(), counts))"),
-    ("bench/signals.py",
-     "out.append(loss_matrix(api, model, api.collate(list(chunk)), timesteps).detach().double().cpu())"),
+    (
+        "bench/signals.py",
+        "out.append(loss_matrix(api, model, api.collate(list(chunk)), timesteps).detach().double().cpu())",
+    ),
     ("bench/cells.py", "return np.asarray(torch.as_tensor(t).detach().double().cpu())"),
     ("bench/cells.py", "recon = torch.cat([o.images for o in outs]).detach().float().cpu().numpy()"),
     ("bench/cells.py", "got = torch.cat(labels).cpu().numpy()"),

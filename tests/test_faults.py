@@ -3,6 +3,7 @@ pickles never run, and kill -9 at random points followed by resume loses or tear
 
 The engine's own faults (hanging, exiting, memory-hungry contributed code) are in tests/test_engine.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,13 @@ from tests.toy import ToyLossMIA, ToyMeanRecon, toy_task
 
 ROOT = Path(__file__).resolve().parent.parent
 # What legitimately differs between two runs of one cell: wall times, memory, when it started.
-VOLATILE = {("cost", "train_wall_s"), ("cost", "attack_wall_s"), ("cost", "peak_mem_mb"),
-            ("provenance", "started_at"), ("provenance", "dirty")}
+VOLATILE = {
+    ("cost", "train_wall_s"),
+    ("cost", "attack_wall_s"),
+    ("cost", "peak_mem_mb"),
+    ("provenance", "started_at"),
+    ("provenance", "dirty"),
+}
 
 
 def comparable(rec: dict) -> dict:
@@ -106,8 +112,13 @@ def test_a_damaged_training_cache_is_discarded_and_retrained(tmp_path, damage):
     stem = training.cache_stem(task, defense, 0, tmp_path / "cache")
     tfile = stem.parent / json.loads(stem.with_name(stem.name + ".json").read_text())["tensors"]
     data = tfile.read_bytes()
-    tfile.write_bytes({"truncate": data[: len(data) // 3], "random": os.urandom(len(data)),
-                       "flip": data[:-8] + bytes(b ^ 0xFF for b in data[-8:])}[damage])
+    tfile.write_bytes(
+        {
+            "truncate": data[: len(data) // 3],
+            "random": os.urandom(len(data)),
+            "flip": data[:-8] + bytes(b ^ 0xFF for b in data[-8:]),
+        }[damage]
+    )
     for f in (tmp_path / "records").glob("*/*.json"):
         if json.loads(f.read_text())["defense"] == "fedavg":
             f.unlink()  # the cells that need the training run again
@@ -133,8 +144,9 @@ def test_a_planted_pickle_in_the_training_cache_does_not_run(tmp_path):
     digest = hashlib.sha256(payload).hexdigest()
     tname = f"{stem.name}-{digest[:12]}.safetensors"
     (stem.parent / tname).write_bytes(payload)
-    stem.with_name(stem.name + ".json").write_text(json.dumps(
-        {"format": 1, "meta": {}, "tensors": tname, "sha256": digest, "nbytes": len(payload)}))
+    stem.with_name(stem.name + ".json").write_text(
+        json.dumps({"format": 1, "meta": {}, "tensors": tname, "sha256": digest, "nbytes": len(payload)})
+    )
 
     _, _, summary, n = small_run(tmp_path)
 
@@ -165,6 +177,7 @@ def test_a_legacy_torch_training_cache_is_converted_without_retraining(tmp_path,
 @dataclass
 class NaNRecon(Attack):
     """Returns NaN images: the record's SSIM is NaN, which the schema refuses."""
+
     name = "nan_recon"
     views = ("client_update",)
     kind = "reconstruction"
@@ -195,8 +208,9 @@ def test_planted_pickles_as_ldm_base_and_vlm_projector_caches_do_not_run(tmp_pat
 
     def pretrain_both():
         base, _ = ldm.load_or_pretrain(cfg, {"n": 1}, lambda: (None, None, None))
-        proj, log, _ = vlm.load_or_pretrain_projector({"m": 1}, lambda: None, lambda: [], None, steps=1,
-                                                      batch_size=1, lr=0.1, seed=0)
+        proj, log, _ = vlm.load_or_pretrain_projector(
+            {"m": 1}, lambda: None, lambda: [], None, steps=1, batch_size=1, lr=0.1, seed=0
+        )
         return base, proj
 
     pretrain_both()  # first build: both cached
@@ -267,8 +281,11 @@ def _wait_group(proc: subprocess.Popen, timeout: float) -> None:
 
 def _finished_files(out: Path) -> dict[Path, tuple[int, bytes]]:
     """Records of finished cells (ok / n/a) on disk: mtime and bytes."""
-    return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in (out / "records").glob("*/*.json")
-            if json.loads(p.read_bytes())["status"] in ("ok", "n/a")}
+    return {
+        p: (p.stat().st_mtime_ns, p.read_bytes())
+        for p in (out / "records").glob("*/*.json")
+        if json.loads(p.read_bytes())["status"] in ("ok", "n/a")
+    }
 
 
 def kill_and_resume(cmd, out: Path, n: int, reference: dict, *, kills: int = 3, seed: int = 13) -> None:
@@ -322,8 +339,23 @@ def test_kill_minus_9_at_random_points_then_resume_equals_an_uninterrupted_run(t
 @pytest.mark.slow
 def test_kill_minus_9_of_bench_run_on_the_smoke_preset_then_resume(tmp_path):
     """The same through ``python -m bench run`` (its worker processes included) on a smoke slice."""
-    run_into = lambda out: [sys.executable, "-m", "bench", "run", "--preset", "smoke", "--scenario", "image-cls",  # noqa: E731
-                            "--defense", "fedavg,fedsgd", "--attack", "loss_mia", "--out", str(out), "--no-leaderboard"]
+    run_into = lambda out: [
+        sys.executable,
+        "-m",
+        "bench",
+        "run",
+        "--preset",
+        "smoke",
+        "--scenario",
+        "image-cls",  # noqa: E731
+        "--defense",
+        "fedavg,fedsgd",
+        "--attack",
+        "loss_mia",
+        "--out",
+        str(out),
+        "--no-leaderboard",
+    ]
     reference = uninterrupted(run_into(tmp_path / "reference"), tmp_path / "reference")
     assert len(reference) >= 8
 
@@ -362,15 +394,33 @@ def _until(pred, timeout: float) -> float:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc")
 def test_kill_minus_9_of_a_jobs_2_run_takes_its_workers_down_then_resume_completes(tmp_path):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "bench", "run", "--preset", "smoke", "--scenario", "image-cls",
-           "--defense", "fedavg,fedsgd", "--attack", "loss_mia", "--jobs", "2", "--out", str(out), "--no-leaderboard"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "run",
+        "--preset",
+        "smoke",
+        "--scenario",
+        "image-cls",
+        "--defense",
+        "fedavg,fedsgd",
+        "--attack",
+        "loss_mia",
+        "--jobs",
+        "2",
+        "--out",
+        str(out),
+        "--no-leaderboard",
+    ]
     proc = _spawn(cmd, tmp_path / "run.log")
     # workers are the forkserver's children: grandchildren of the run's process
     workers = lambda: [p for p, pp in _session(proc.pid).items() if pp not in (proc.pid, 1)]  # noqa: E731
     waited = _until(lambda: len(workers()) >= 2 or proc.poll() is not None, 600)
     seen = workers()
-    assert proc.poll() is None and len(seen) == 2, \
+    assert proc.poll() is None and len(seen) == 2, (
         f"no workers after {waited:.0f} s: {(tmp_path / 'run.log').read_text()[-2000:]}"
+    )
 
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()

@@ -1,5 +1,6 @@
 """The static leaderboard page in a real headless browser (Debian chromium + chromedriver, selenium):
 it loads from a file:// URL, every scenario's table is there, and clicking a header sorts the rows."""
+
 from __future__ import annotations
 
 import shutil
@@ -27,9 +28,17 @@ def browser(tmp_path):
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = str(CHROMIUM)
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                f"--user-data-dir={tmp_path / 'profile'}"):
+    for arg in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ):
         opts.add_argument(arg)
     drv = webdriver.Chrome(service=Service(DRIVER), options=opts)
     drv.set_page_load_timeout(120)
@@ -43,8 +52,17 @@ def test_page_loads_every_scenario_and_sorts_by_a_clicked_header(tmp_path, brows
     recs = []
     for scenario, task in (("image-cls", "image-cls/vit"), ("llm-text", "llm-text")):
         for d, st in (("fedavg", 2.0), ("flrsp", 0.1), ("dp_gaussian", 0.8), ("base", 0.0)):
-            recs.append(rec(scenario=scenario, task=task, defense=d, strength=st, utility=None if d == "base" else
-                            {"accuracy": {"fedavg": 0.9, "flrsp": 0.85, "dp_gaussian": 0.6}[d]}))
+            recs.append(
+                rec(
+                    scenario=scenario,
+                    task=task,
+                    defense=d,
+                    strength=st,
+                    utility=None
+                    if d == "base"
+                    else {"accuracy": {"fedavg": 0.9, "flrsp": 0.85, "dp_gaussian": 0.6}[d]},
+                )
+            )
     write(tmp_path / "run", recs)
     dest = tmp_path / "run" / "leaderboards"
     write_leaderboards(tmp_path / "run")
@@ -57,6 +75,7 @@ def test_page_loads_every_scenario_and_sorts_by_a_clicked_header(tmp_path, brows
         headers = table.find_elements(By.CSS_SELECTOR, "thead th")
         names = [h.text for h in headers]
         col = names.index("mia/global AUROC")
+
         def cells(table=table):
             return [r.find_elements(By.TAG_NAME, "td") for r in table.find_elements(By.CSS_SELECTOR, "tbody tr")]
 

@@ -1,4 +1,5 @@
 """The image-cls scenario: data sources, splits, models, utility, and the paper preset's asset errors."""
+
 from __future__ import annotations
 
 import gzip
@@ -52,6 +53,7 @@ def test_smoke_builds_two_tasks_with_shapes_and_info(tasks):
         assert len(t.recon_targets) == 4 and all(tuple(x.shape) == image.input_shape for x, _ in t.recon_targets)
         assert all(0 <= y < image.num_classes for _, y in t.recon_targets)
         import json
+
         json.dumps(t.config)  # JSON-able
         assert t.config["data"]["source"] in ("fashion-mnist", "mnist-5k", "sklearn-digits")
 
@@ -100,8 +102,12 @@ def test_models_take_the_sizes_they_are_given():
     resnet = image_models.resnet34(small, num_classes=7, img_size=32, seed=0)
     assert [len(getattr(resnet, f"layer{i}")) for i in range(1, 5)] == [1, 2, 1, 1]
     assert resnet.fc.in_features == 16 and isinstance(resnet.maxpool, torch.nn.Identity)
-    pooled = image_models.resnet34(image_models.ResNetSize(layers=(1, 1, 1, 1), channels=(8, 8, 8, 8), stem_pool=True),
-                                   num_classes=7, img_size=32, seed=0)
+    pooled = image_models.resnet34(
+        image_models.ResNetSize(layers=(1, 1, 1, 1), channels=(8, 8, 8, 8), stem_pool=True),
+        num_classes=7,
+        img_size=32,
+        seed=0,
+    )
     assert isinstance(pooled.maxpool, torch.nn.MaxPool2d)
 
 
@@ -175,7 +181,7 @@ def test_utility_measures_a_trained_model(tasks):
 def _write_idx(path, arr: np.ndarray, code: int = 0x08) -> None:
     head = bytes([0, 0, code, arr.ndim]) + struct.pack(f">{arr.ndim}i", *arr.shape)
     body = arr.astype({0x08: ">u1", 0x0C: ">i4"}[code]).tobytes()
-    with (gzip.open(path, "wb") if str(path).endswith(".gz") else open(path, "wb")) as f:
+    with gzip.open(path, "wb") if str(path).endswith(".gz") else open(path, "wb") as f:
         f.write(head + body)
 
 

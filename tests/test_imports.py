@@ -1,5 +1,6 @@
 """The import graph of ``bench/`` (read with ``ast``, nothing imported): no cycle, and the run-time harness
 never imports the reporting package (only the command line, which sits above both, does)."""
+
 from __future__ import annotations
 
 import ast
@@ -68,8 +69,11 @@ def test_bench_imports_have_no_cycle():
 
 def test_the_harness_never_imports_reporting():
     g = bench_graph()
-    bad = sorted((a, b) for a, b in g.edges
-                 if b.startswith("bench.report") and not a.startswith("bench.report") and a not in ENTRY_POINTS)
+    bad = sorted(
+        (a, b)
+        for a, b in g.edges
+        if b.startswith("bench.report") and not a.startswith("bench.report") and a not in ENTRY_POINTS
+    )
     assert not bad, f"harness modules import the reporting package: {bad}"
     # and nothing of the harness reaches it indirectly (e.g. through a helper module)
     harness = [m for m in g if not m.startswith("bench.report") and m not in ENTRY_POINTS]

@@ -1,6 +1,7 @@
 """The ldm-t2i scenario: grounded captions, the diffusers LDM and its LoRA, deterministic per-sample
 losses, the [SMP-LoRA] Table 4 splits, FID / KID, and the membership controls (an over-fitted LoRA is
 detectable by a loss threshold; the un-adapted base model is not)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +14,9 @@ from sklearn.metrics import roc_auc_score
 from bench import captions as cap
 from models import ldm
 
-TINY = ldm.LDMConfig(vae_channels=(8, 8, 16), unet_channels=(16, 32), text="hash", text_dim=32, text_len=12,
-                     lora_r=4, lora_alpha=4.0)
+TINY = ldm.LDMConfig(
+    vae_channels=(8, 8, 16), unet_channels=(16, 32), text="hash", text_dim=32, text_len=12, lora_r=4, lora_alpha=4.0
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +51,9 @@ def test_augment_is_deterministic_and_caption_is_grounded():
 @pytest.mark.parametrize("position", ["in the upper left", "in the lower right", "at the top", "on the left"])
 def test_render_puts_the_item_where_the_caption_says_with_its_tint(position):
     img = np.full((28, 28), 255, dtype=np.uint8)
-    attrs = dataclasses.replace(cap.sample_attributes(np.random.default_rng(0)), position=position, size="small",
-                                rotation="upright", tint="red")
+    attrs = dataclasses.replace(
+        cap.sample_attributes(np.random.default_rng(0)), position=position, size="small", rotation="upright", tint="red"
+    )
     fy, fx = cap.POSITIONS[position]
     free = 32 - attrs.pixels
     attrs = dataclasses.replace(attrs, top=int(fy * free), left=int(fx * free))
@@ -219,8 +222,12 @@ def test_negative_control_base_model_is_at_chance(smoke_task):
     items = ldm_t2i.make_items(p.model, src.test_x[free], src.test_y[free], seed=7, split=9)
     model = smoke_task.api.build_model()
     with torch.no_grad():
-        scores = torch.cat([-smoke_task.api.per_sample_loss(model, smoke_task.api.collate(items[i:i + 64]))
-                            for i in range(0, 256, 64)])
+        scores = torch.cat(
+            [
+                -smoke_task.api.per_sample_loss(model, smoke_task.api.collate(items[i : i + 64]))
+                for i in range(0, 256, 64)
+            ]
+        )
     auc = roc_auc_score([1] * 128 + [0] * 128, scores.numpy())
     assert abs(auc - 0.5) <= 0.1, auc
 
@@ -234,16 +241,28 @@ def test_positive_control_overfit_lora_is_detected_by_a_loss_threshold(smoke_tas
 
     mem = smoke_task.extras["aux_members"][:8]
     non = smoke_task.extras["te_nonmembers"][:8]
-    task = dataclasses.replace(smoke_task, central_data=Items(mem), central_epochs=300,
-                               fl=dataclasses.replace(smoke_task.fl, lr=5e-3, batch_size=8))
+    task = dataclasses.replace(
+        smoke_task,
+        central_data=Items(mem),
+        central_epochs=300,
+        fl=dataclasses.replace(smoke_task.fl, lr=5e-3, batch_size=8),
+    )
     model, _ = run_federated(task, build(DEFENSES.get("lora"), {}, "defense"), seed=0)
     with torch.no_grad():
-        s = torch.cat([-task.api.per_sample_loss(model, task.api.collate(mem)),
-                       -task.api.per_sample_loss(model, task.api.collate(non))])
+        s = torch.cat(
+            [
+                -task.api.per_sample_loss(model, task.api.collate(mem)),
+                -task.api.per_sample_loss(model, task.api.collate(non)),
+            ]
+        )
     base = task.api.build_model()
     with torch.no_grad():
-        s0 = torch.cat([-task.api.per_sample_loss(base, task.api.collate(mem)),
-                        -task.api.per_sample_loss(base, task.api.collate(non))])
+        s0 = torch.cat(
+            [
+                -task.api.per_sample_loss(base, task.api.collate(mem)),
+                -task.api.per_sample_loss(base, task.api.collate(non)),
+            ]
+        )
     y = [1] * 8 + [0] * 8
     assert roc_auc_score(y, s.numpy()) >= 0.8
     assert roc_auc_score(y, s.numpy()) > roc_auc_score(y, s0.numpy())

@@ -1,5 +1,6 @@
 """Leaderboards from records: statistics over seeds and samples, significance, determinism, the
 cross-matrix, plots, reported-vs-measured and the claims (synthetic records: no training needed)."""
+
 from __future__ import annotations
 
 import math
@@ -26,21 +27,60 @@ def member_scores(strength: float, n: int, seed: int) -> tuple[list[float], list
     return s.tolist(), [1] * n + [0] * n
 
 
-def rec(*, scenario="sc", task="sc/a", preset="smoke", defense="fedavg", params=None, label=None, attack="mia",
-        attack_label=None, kind="membership", view="global_model", seed=0, status="ok", reason="",
-        strength=1.0, n=64, per_candidate=True, ssim=None, utility=None, privacy=None, cost=None, variants=None,
-        ids=True, score_seed=None):
-    r = {"cell_id": re.sub(r"[^A-Za-z0-9_.-]", "_",
-                           f"{task}-{label or defense}-{attack_label or attack}-{view}-{seed}"),
-         "scenario": scenario, "task": task, "preset": preset, "defense": defense, "defense_params": params or {},
-         "defense_label": label or defense, "attack": attack, "attack_params": {},
-         "attack_label": attack_label or attack,
-         "attack_kind": kind, "view": view, "seed": seed, "status": status, "reason": reason,
-         "utility": utility if utility is not None else ({} if defense == "base" else {"accuracy": 0.8}),
-         "privacy": privacy or {"epsilon": None, "epsilon_composed": None, "delta": None, "note": ""},
-         "cost": cost or {"bytes_up_per_round": 1000.0, "bytes_down_per_round": 2000.0, "rounds": 2,
-                          "train_wall_s": 1.0, "attack_wall_s": 0.5},
-         "provenance": {"code_version": "test", "config_hash": "cfg", "started_at": "2026-01-01T00:00:00Z"}}
+def rec(
+    *,
+    scenario="sc",
+    task="sc/a",
+    preset="smoke",
+    defense="fedavg",
+    params=None,
+    label=None,
+    attack="mia",
+    attack_label=None,
+    kind="membership",
+    view="global_model",
+    seed=0,
+    status="ok",
+    reason="",
+    strength=1.0,
+    n=64,
+    per_candidate=True,
+    ssim=None,
+    utility=None,
+    privacy=None,
+    cost=None,
+    variants=None,
+    ids=True,
+    score_seed=None,
+):
+    r = {
+        "cell_id": re.sub(r"[^A-Za-z0-9_.-]", "_", f"{task}-{label or defense}-{attack_label or attack}-{view}-{seed}"),
+        "scenario": scenario,
+        "task": task,
+        "preset": preset,
+        "defense": defense,
+        "defense_params": params or {},
+        "defense_label": label or defense,
+        "attack": attack,
+        "attack_params": {},
+        "attack_label": attack_label or attack,
+        "attack_kind": kind,
+        "view": view,
+        "seed": seed,
+        "status": status,
+        "reason": reason,
+        "utility": utility if utility is not None else ({} if defense == "base" else {"accuracy": 0.8}),
+        "privacy": privacy or {"epsilon": None, "epsilon_composed": None, "delta": None, "note": ""},
+        "cost": cost
+        or {
+            "bytes_up_per_round": 1000.0,
+            "bytes_down_per_round": 2000.0,
+            "rounds": 2,
+            "train_wall_s": 1.0,
+            "attack_wall_s": 0.5,
+        },
+        "provenance": {"code_version": "test", "config_hash": "cfg", "started_at": "2026-01-01T00:00:00Z"},
+    }
     if status != "ok":
         return r
     if kind == "membership":
@@ -52,8 +92,10 @@ def rec(*, scenario="sc", task="sc/a", preset="smoke", defense="fedavg", params=
             if ids:  # the same candidates for every row of a seed: m:<i> / n:<i> into the member / non-member pools
                 r["per_candidate"]["id"] = [f"m:{i}" for i in range(n)] + [f"n:{i}" for i in range(n)]
     else:
-        r.update(per_sample={"ssim": list(ssim), "psnr": [10 + 10 * v for v in ssim]},
-                 metrics={"ssim": mean_ci(ssim, seed=seed), "psnr": mean_ci([10 + 10 * v for v in ssim], seed=seed)})
+        r.update(
+            per_sample={"ssim": list(ssim), "psnr": [10 + 10 * v for v in ssim]},
+            metrics={"ssim": mean_ci(ssim, seed=seed), "psnr": mean_ci([10 + 10 * v for v in ssim], seed=seed)},
+        )
     return r
 
 
@@ -123,9 +165,15 @@ def test_a_difference_is_called_only_where_the_intervals_separate():
 
 
 def test_table_marks_best_group_and_comparison_with_the_baseline(tmp_path):
-    res = write(tmp_path, [rec(defense="fedavg", strength=2.5),
-                           rec(defense="flrsp", label="flrsp(R=0.8)", strength=0.0),
-                           rec(defense="dp", label="dp(eps=1)", strength=0.1), rec(defense="base", strength=0.0)])
+    res = write(
+        tmp_path,
+        [
+            rec(defense="fedavg", strength=2.5),
+            rec(defense="flrsp", label="flrsp(R=0.8)", strength=0.0),
+            rec(defense="dp", label="dp(eps=1)", strength=0.1),
+            rec(defense="base", strength=0.0),
+        ],
+    )
 
     table, meta = scenario_table(res, "sc")
 
@@ -136,8 +184,12 @@ def test_table_marks_best_group_and_comparison_with_the_baseline(tmp_path):
     assert math.isnan(t.loc["base", f"{col}.best"])  # the shift check is not ranked
     assert t.loc["flrsp(R=0.8)", f"{col}.vs_baseline"] == "less leakage"
     assert list(table.defense) == ["base", "fedavg", "dp(eps=1)", "flrsp(R=0.8)"]
-    assert {m["column"] for m in meta} == {col, "mia/global_model:tpr@0.05fpr", "mia/global_model:tpr@0.01fpr",
-                                           "mia/global_model:tpr@0.001fpr"}
+    assert {m["column"] for m in meta} == {
+        col,
+        "mia/global_model:tpr@0.05fpr",
+        "mia/global_model:tpr@0.01fpr",
+        "mia/global_model:tpr@0.001fpr",
+    }
     # 64 non-members resolve no TPR at 5% FPR or below: n/a with the reason, no number
     assert "needs >= 200 non-members" in t.loc["fedavg", "mia/global_model:tpr@0.05fpr.status"]
     # the headline: the change from the base model on the same candidates (paired: the rows share ids)
@@ -146,8 +198,19 @@ def test_table_marks_best_group_and_comparison_with_the_baseline(tmp_path):
 
 
 def test_reconstruction_metrics_pool_images_over_seeds(tmp_path):
-    res = write(tmp_path, [rec(kind="reconstruction", attack="ig", view="client_update", seed=s,
-                               ssim=[0.1 + 0.1 * s, 0.2 + 0.1 * s, 0.3 + 0.1 * s]) for s in range(2)])
+    res = write(
+        tmp_path,
+        [
+            rec(
+                kind="reconstruction",
+                attack="ig",
+                view="client_update",
+                seed=s,
+                ssim=[0.1 + 0.1 * s, 0.2 + 0.1 * s, 0.3 + 0.1 * s],
+            )
+            for s in range(2)
+        ],
+    )
 
     e = res.metric(res.records, "ssim")
 
@@ -156,11 +219,20 @@ def test_reconstruction_metrics_pool_images_over_seeds(tmp_path):
 
 
 def test_matrix_has_one_cell_per_pair_with_na_and_failed_reasons(tmp_path):
-    res = write(tmp_path, [rec(defense="fedavg"), rec(defense="fixed", attack="april", status="n/a",
-                                                      reason="needs a ViT with a learnable positional embedding"),
-                           rec(defense="boom", status="failed", reason="RuntimeError: client exploded"),
-                           rec(defense="fedavg", attack="april", kind="reconstruction", view="client_update",
-                               ssim=[0.9, 0.8])])
+    res = write(
+        tmp_path,
+        [
+            rec(defense="fedavg"),
+            rec(
+                defense="fixed",
+                attack="april",
+                status="n/a",
+                reason="needs a ViT with a learnable positional embedding",
+            ),
+            rec(defense="boom", status="failed", reason="RuntimeError: client exploded"),
+            rec(defense="fedavg", attack="april", kind="reconstruction", view="client_update", ssim=[0.9, 0.8]),
+        ],
+    )
 
     m = matrix_table(res, "sc").set_index("defense")
 
@@ -170,8 +242,12 @@ def test_matrix_has_one_cell_per_pair_with_na_and_failed_reasons(tmp_path):
 
 
 def test_leaderboard_is_byte_identical_from_the_same_records(tmp_path):
-    recs = [rec(defense=d, label=d, seed=s, strength=st, view=v)
-            for d, st in (("fedavg", 1.5), ("flrsp", 0.3)) for s in range(2) for v in ("global_model", "client_model")]
+    recs = [
+        rec(defense=d, label=d, seed=s, strength=st, view=v)
+        for d, st in (("fedavg", 1.5), ("flrsp", 0.3))
+        for s in range(2)
+        for v in ("global_model", "client_model")
+    ]
     recs += [rec(defense="base", strength=0.0), rec(defense="boom", status="failed", reason="x")]
     write(tmp_path / "run", recs)
 
@@ -180,8 +256,15 @@ def test_leaderboard_is_byte_identical_from_the_same_records(tmp_path):
 
     names = sorted(p.name for p in a if p.suffix in (".csv", ".md", ".html"))
     assert names == sorted(p.name for p in b if p.suffix in (".csv", ".md", ".html"))
-    assert {"sc.csv", "sc_matrix.csv", "sc_cells.csv", "sc.md", "index.html", "claims.csv",
-            "reported_vs_measured.csv"} <= set(names)
+    assert {
+        "sc.csv",
+        "sc_matrix.csv",
+        "sc_cells.csv",
+        "sc.md",
+        "index.html",
+        "claims.csv",
+        "reported_vs_measured.csv",
+    } <= set(names)
     for n in names:
         assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes(), n
     md = (tmp_path / "a" / "sc.md").read_text()
@@ -195,12 +278,29 @@ def test_plots_cover_roc_tradeoff_ssim_communication_and_epsilon(tmp_path):
     comp = d.epsilon_composed(delta=1e-5, rounds=6, sample_rate=0.5)
     dp_priv = {"epsilon": 2.0, "epsilon_composed": comp, "delta": 1e-5, "note": "", "sample_rate": 0.5}
     dp_cost = {"bytes_up_per_round": 900.0, "bytes_down_per_round": 2000.0, "rounds": 6}
-    recs = [rec(defense="fedavg"), rec(defense="dp_gaussian", params={"eps": 2.0, "clip": 1.0, "delta": None,
-                                                                      "form": "fedavg"},
-                                       label="dp_gaussian(eps=2.0)", privacy=dp_priv, cost=dp_cost, strength=0.2),
-            rec(defense="fedavg", attack="ig", kind="reconstruction", view="client_update", ssim=[0.9, 0.7]),
-            rec(defense="dp_gaussian", label="dp_gaussian(eps=2.0)", params={"eps": 2.0}, attack="ig",
-                kind="reconstruction", view="client_update", ssim=[0.2, 0.1], privacy=dp_priv, cost=dp_cost)]
+    recs = [
+        rec(defense="fedavg"),
+        rec(
+            defense="dp_gaussian",
+            params={"eps": 2.0, "clip": 1.0, "delta": None, "form": "fedavg"},
+            label="dp_gaussian(eps=2.0)",
+            privacy=dp_priv,
+            cost=dp_cost,
+            strength=0.2,
+        ),
+        rec(defense="fedavg", attack="ig", kind="reconstruction", view="client_update", ssim=[0.9, 0.7]),
+        rec(
+            defense="dp_gaussian",
+            label="dp_gaussian(eps=2.0)",
+            params={"eps": 2.0},
+            attack="ig",
+            kind="reconstruction",
+            view="client_update",
+            ssim=[0.2, 0.1],
+            privacy=dp_priv,
+            cost=dp_cost,
+        ),
+    ]
     write(tmp_path, recs)
 
     files = [p.name for p in write_leaderboards(tmp_path) if p.suffix == ".png"]
@@ -223,11 +323,20 @@ def test_reported_numbers_are_transcribed_for_every_paper():
 
     assert {"papers/000", "papers/002", "papers/003", "papers/004"} <= set(rep.paper)
     tables = set(zip(rep.paper, rep.table))
-    for t in (("papers/000", "Table 4"), ("papers/000", "Table 1 (server)"), ("papers/002", "Table I"),
-              ("papers/002", "Table II"), ("papers/004", "Table 1"), ("papers/004", "Table 11")):
+    for t in (
+        ("papers/000", "Table 4"),
+        ("papers/000", "Table 1 (server)"),
+        ("papers/002", "Table I"),
+        ("papers/002", "Table II"),
+        ("papers/004", "Table 1"),
+        ("papers/004", "Table 11"),
+    ):
         assert t in tables
-    row = rep[(rep.table == "Table 4") & rep.setting.str.endswith("FedRand (client)") &
-              (rep.metric == "AUROC MaxRenyi-0% (image)")]
+    row = rep[
+        (rep.table == "Table 4")
+        & rep.setting.str.endswith("FedRand (client)")
+        & (rep.metric == "AUROC MaxRenyi-0% (image)")
+    ]
     assert row.value.tolist() == ["47.83"] and row.spread.tolist() == ["3.56"]
     assert len(rep[(rep.paper == "papers/000") & (rep.table == "Table 4")]) == 28
     assert len(rep[(rep.paper == "papers/002") & (rep.table == "Table II")]) == 42
@@ -235,13 +344,22 @@ def test_reported_numbers_are_transcribed_for_every_paper():
 
 def test_reported_is_shown_beside_the_closest_measurement_never_mixed(tmp_path):
     var = lambda a: {"maxrenyi_K0_a0.5_text": {"auroc": a}}  # noqa: E731
-    res = write(tmp_path, [rec(scenario="llm-text", task="llm-text", defense="fedavg", attack="max_renyi",
-                               variants=var(0.71), view=v) for v in ("global_model", "client_model")])
+    res = write(
+        tmp_path,
+        [
+            rec(scenario="llm-text", task="llm-text", defense="fedavg", attack="max_renyi", variants=var(0.71), view=v)
+            for v in ("global_model", "client_model")
+        ],
+    )
 
     out = reported.compare(res)
 
-    row = out[(out.table == "Table 4") & out.setting.str.endswith("FedAvg (server)") &
-              (out.metric == "AUROC MaxRenyi-0% (caption)") & (out.scenario == "llm-text")]
+    row = out[
+        (out.table == "Table 4")
+        & out.setting.str.endswith("FedAvg (server)")
+        & (out.metric == "AUROC MaxRenyi-0% (caption)")
+        & (out.scenario == "llm-text")
+    ]
     assert row.reported.tolist() == ["70.22 +- 2.56 percent"]
     assert row["reported (suite scale)"].tolist() == ["0.7022"]
     assert row.measured_value.tolist() == [pytest.approx(0.71)]  # the suite's own number, from the record
@@ -251,26 +369,41 @@ def test_reported_is_shown_beside_the_closest_measurement_never_mixed(tmp_path):
 
 
 def _fedrand_records(fedrand_strength, fedrand_loss, *, base_strength=0.0, fedrand_score_seed=None):
-    out = [rec(scenario="llm-text", task="llm-text", defense="base", attack="max_renyi", strength=base_strength, seed=s)
-           for s in range(2)]
+    out = [
+        rec(scenario="llm-text", task="llm-text", defense="base", attack="max_renyi", strength=base_strength, seed=s)
+        for s in range(2)
+    ]
     for d, st, loss in (("fedavg", 2.0, 3.0), ("fedrand", fedrand_strength, fedrand_loss)):
         for s in range(2):
-            out.append(rec(scenario="llm-text", task="llm-text", defense=d, attack="max_renyi", view="client_model",
-                           strength=st, seed=s, utility={"test_loss": loss + 0.01 * s, "perplexity": math.exp(loss)},
-                           score_seed=None if d == "fedavg" or fedrand_score_seed is None else fedrand_score_seed + s))
+            out.append(
+                rec(
+                    scenario="llm-text",
+                    task="llm-text",
+                    defense=d,
+                    attack="max_renyi",
+                    view="client_model",
+                    strength=st,
+                    seed=s,
+                    utility={"test_loss": loss + 0.01 * s, "perplexity": math.exp(loss)},
+                    score_seed=None if d == "fedavg" or fedrand_score_seed is None else fedrand_score_seed + s,
+                )
+            )
     return out
 
 
-@pytest.mark.parametrize("kw, verdict", [
-    (dict(fedrand_strength=0.0, fedrand_loss=3.05), "holds"),
-    # the same scores as FedAvg: a powered comparison (MDE 0) that excludes the claimed effect
-    (dict(fedrand_strength=2.0, fedrand_loss=3.0), "contradicted"),
-    (dict(fedrand_strength=0.0, fedrand_loss=4.0), "contradicted"),  # less leakage, but utility 33% worse
-    # other draws of equal leakage on 64+64 candidates: the MDE is far above the claimed 0.02
-    (dict(fedrand_strength=2.0, fedrand_loss=3.0, fedrand_score_seed=100), "inconclusive"),
-    # the base model leaks as much as FedAvg: the positive control fails
-    (dict(fedrand_strength=0.0, fedrand_loss=3.05, base_strength=2.0), "inconclusive"),
-])
+@pytest.mark.parametrize(
+    "kw, verdict",
+    [
+        (dict(fedrand_strength=0.0, fedrand_loss=3.05), "holds"),
+        # the same scores as FedAvg: a powered comparison (MDE 0) that excludes the claimed effect
+        (dict(fedrand_strength=2.0, fedrand_loss=3.0), "contradicted"),
+        (dict(fedrand_strength=0.0, fedrand_loss=4.0), "contradicted"),  # less leakage, but utility 33% worse
+        # other draws of equal leakage on 64+64 candidates: the MDE is far above the claimed 0.02
+        (dict(fedrand_strength=2.0, fedrand_loss=3.0, fedrand_score_seed=100), "inconclusive"),
+        # the base model leaks as much as FedAvg: the positive control fails
+        (dict(fedrand_strength=0.0, fedrand_loss=3.05, base_strength=2.0), "inconclusive"),
+    ],
+)
 def test_fedrand_claim_verdict_follows_the_intervals_utility_power_and_control(tmp_path, kw, verdict):
     res = write(tmp_path, _fedrand_records(**kw))
 
@@ -283,22 +416,57 @@ def test_fedrand_claim_verdict_follows_the_intervals_utility_power_and_control(t
 
 
 def _claim_records(*, composed=5.0, ref_accuracy=0.6, num_classes=None):
-    recs = [rec(scenario=sc, task=sc, defense="base", attack="loss_mia", strength=0.0, seed=s)
-            for sc in ("ldm-t2i", "llm-text") for s in range(3)]
+    recs = [
+        rec(scenario=sc, task=sc, defense="base", attack="loss_mia", strength=0.0, seed=s)
+        for sc in ("ldm-t2i", "llm-text")
+        for s in range(3)
+    ]
     for d, st, fid in (("lora", 2.5, 1.0), ("mp_lora", 0.0, 3.0), ("smp_lora", 0.05, 1.2)):
         for s in range(3):  # ldm-t2i's utility keys carry the feature extractor's name
-            recs.append(rec(scenario="ldm-t2i", task="ldm-t2i", defense=d, attack="loss_mia", view="released_model",
-                            strength=st, seed=s, utility={"fid_effnetlite0": fid + 0.01 * s, "kid_effnetlite0": 0.1}))
+            recs.append(
+                rec(
+                    scenario="ldm-t2i",
+                    task="ldm-t2i",
+                    defense=d,
+                    attack="loss_mia",
+                    view="released_model",
+                    strength=st,
+                    seed=s,
+                    utility={"fid_effnetlite0": fid + 0.01 * s, "kid_effnetlite0": 0.1},
+                )
+            )
     for d, st, loss in (("fedavg", 2.5, 3.0), ("dp_fedlora", 0.1, 3.3)):
         priv = {"epsilon": 2.0, "epsilon_composed": composed, "delta": 1e-5, "note": ""} if d == "dp_fedlora" else None
-        recs.append(rec(scenario="llm-text", task="llm-text", defense=d, attack="loss_mia", strength=st,
-                        utility={"test_loss": loss}, privacy=priv))
+        recs.append(
+            rec(
+                scenario="llm-text",
+                task="llm-text",
+                defense=d,
+                attack="loss_mia",
+                strength=st,
+                utility={"test_loss": loss},
+                privacy=priv,
+            )
+        )
     extra = {"num_classes": num_classes} if num_classes else {}
-    for d, lab, ssim, acc in (("fedsgd", "fedsgd", [0.9, 0.8, 0.85, 0.95], ref_accuracy),
-                              ("flrsp", "flrsp(R=0.8,form=fedsgd)", [0.1, 0.05, 0.12, 0.08], ref_accuracy - 0.02)):
-        recs.append(rec(scenario="image-cls", task="image-cls/vit", defense=d, label=lab,
-                        params={"R": 0.8, "form": "fedsgd"} if d == "flrsp" else {}, attack="ig",
-                        kind="reconstruction", view="client_update", ssim=ssim, utility={"accuracy": acc, **extra}))
+    for d, lab, ssim, acc in (
+        ("fedsgd", "fedsgd", [0.9, 0.8, 0.85, 0.95], ref_accuracy),
+        ("flrsp", "flrsp(R=0.8,form=fedsgd)", [0.1, 0.05, 0.12, 0.08], ref_accuracy - 0.02),
+    ):
+        recs.append(
+            rec(
+                scenario="image-cls",
+                task="image-cls/vit",
+                defense=d,
+                label=lab,
+                params={"R": 0.8, "form": "fedsgd"} if d == "flrsp" else {},
+                attack="ig",
+                kind="reconstruction",
+                view="client_update",
+                ssim=ssim,
+                utility={"accuracy": acc, **extra},
+            )
+        )
     return recs
 
 

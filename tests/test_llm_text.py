@@ -1,5 +1,6 @@
 """Tests of the llm-text scenario: fortunes parsing, splits, LM losses and logits shift, LoRA
 injection, the pinned-hub loader (real path on a tiny checkpoint saved here; missing-asset error)."""
+
 from __future__ import annotations
 
 import os
@@ -47,10 +48,13 @@ def test_clean_text_strips_indentation_and_blank_runs():
 
 def test_load_fortunes_skips_index_files_and_symlinks_dedupes_and_filters(tmp_path):
     long_text = "word " * 200
-    _write_strfile(tmp_path / "alpha", ["A fortune about cats and dogs.", "Tiny", long_text,
-                                        "Another text about the sea."])
-    _write_strfile(tmp_path / "beta", ["a FORTUNE about cats, and dogs!", "| | | | | | | | | | | | | | | |",
-                                       "Beta has its own saying here."])
+    _write_strfile(
+        tmp_path / "alpha", ["A fortune about cats and dogs.", "Tiny", long_text, "Another text about the sea."]
+    )
+    _write_strfile(
+        tmp_path / "beta",
+        ["a FORTUNE about cats, and dogs!", "| | | | | | | | | | | | | | | |", "Beta has its own saying here."],
+    )
     (tmp_path / "alpha.dat").write_bytes(b"\x00\x01binary index")
     os.symlink(tmp_path / "alpha", tmp_path / "alpha.u8")
     os.symlink(tmp_path / "beta", tmp_path / "gamma")  # a duplicate category under another name
@@ -92,8 +96,10 @@ def test_stratified_split_is_disjoint_with_equal_category_histograms():
 
 
 def test_collate_pads_right_and_masks():
-    items = [{"input_ids": torch.tensor([5, 6, 7]), "attention_mask": torch.ones(3, dtype=torch.long), "category": 1},
-             {"input_ids": torch.tensor([8]), "attention_mask": torch.ones(1, dtype=torch.long), "category": 0}]
+    items = [
+        {"input_ids": torch.tensor([5, 6, 7]), "attention_mask": torch.ones(3, dtype=torch.long), "category": 1},
+        {"input_ids": torch.tensor([8]), "attention_mask": torch.ones(1, dtype=torch.long), "category": 0},
+    ]
     b = collate_pad(items, pad_id=99)
     assert b["input_ids"].tolist() == [[5, 6, 7], [8, 99, 99]]
     assert b["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
@@ -192,8 +198,9 @@ def test_per_sample_loss_is_consistent_with_loss_and_padding(smoke, batch):
     with torch.no_grad():
         ps = smoke.api.per_sample_loss(model, batch)
         loss = smoke.api.loss(model, batch)
-        alone = torch.stack([smoke.api.per_sample_loss(model, smoke.api.collate([smoke.test_data[i]]))[0]
-                             for i in range(6)])
+        alone = torch.stack(
+            [smoke.api.per_sample_loss(model, smoke.api.collate([smoke.test_data[i]]))[0] for i in range(6)]
+        )
     n_tok = (batch["attention_mask"][:, 1:].sum(1)).float()
     assert ps.shape == (6,)
     torch.testing.assert_close((ps * n_tok).sum() / n_tok.sum(), loss, rtol=1e-5, atol=1e-5)
@@ -223,10 +230,16 @@ def test_lora_b_zero_init_equals_base_and_b_matters(tok, batch):
             p.normal_(0, 0.5)
         moved = lora(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     assert not torch.allclose(moved, ref, atol=1e-3)
-    a_same = [p for n, p in llm.add_lora(llm.tiny_llama(tok, seed=3), r=4, alpha=8, dropout=0.0, seed=5)
-              .named_parameters() if "lora_A" in n]
-    a_other = [p for n, p in llm.add_lora(llm.tiny_llama(tok, seed=3), r=4, alpha=8, dropout=0.0, seed=6)
-               .named_parameters() if "lora_A" in n]
+    a_same = [
+        p
+        for n, p in llm.add_lora(llm.tiny_llama(tok, seed=3), r=4, alpha=8, dropout=0.0, seed=5).named_parameters()
+        if "lora_A" in n
+    ]
+    a_other = [
+        p
+        for n, p in llm.add_lora(llm.tiny_llama(tok, seed=3), r=4, alpha=8, dropout=0.0, seed=6).named_parameters()
+        if "lora_A" in n
+    ]
     a_orig = [p for n, p in lora.named_parameters() if "lora_A" in n]
     assert all(torch.equal(x, y) for x, y in zip(a_orig, a_same))
     assert not all(torch.equal(x, y) for x, y in zip(a_orig, a_other))
@@ -262,8 +275,9 @@ def _fake_hub_model(cache: Path, repo: str, tok) -> tuple[Path, torch.nn.Module]
 
 def test_paper_loader_real_path_on_a_tiny_checkpoint(tmp_path, tok, batch):
     snap, saved = _fake_hub_model(tmp_path, "bench-test/tiny-llama", tok)
-    model, tok2 = llm.paper_llm("bench-test/tiny-llama", REV, load_in_4bit=False, cache_dir=tmp_path,
-                                dtype=torch.float32)
+    model, tok2 = llm.paper_llm(
+        "bench-test/tiny-llama", REV, load_in_4bit=False, cache_dir=tmp_path, dtype=torch.float32
+    )
     assert len(tok2) == len(tok)
     with torch.no_grad():
         a = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -290,8 +304,10 @@ def test_paper_4bit_config_is_nf4():
 def test_alpaca_loader_formats_a_cached_snapshot_and_fails_when_missing(tmp_path):
     snap = tmp_path / "datasets--vicgalle--alpaca-gpt4" / "snapshots" / REV / "data"
     snap.mkdir(parents=True)
-    rows = [{"instruction": "Name a colour.", "input": "", "output": "Blue."},
-            {"instruction": "Add the numbers.", "input": "2 and 3", "output": "5"}]
+    rows = [
+        {"instruction": "Name a colour.", "input": "", "output": "Blue."},
+        {"instruction": "Add the numbers.", "input": "2 and 3", "output": "5"},
+    ]
     (snap / "train.jsonl").write_text("\n".join(__import__("json").dumps(r) for r in rows))
     corpus, commit = load_alpaca_gpt4(REV, cache_dir=tmp_path)
     assert commit == REV and corpus.labels == [0, 1]
@@ -331,6 +347,7 @@ def test_smollm2_loads_from_cache_and_lora_model_equals_base(tok):
     torch.testing.assert_close(out, ref)
     # a pretrained model predicts English far better than uniform (ln 49152 = 10.8)
     from bench.scenarios.llm_text import lm_loss
+
     with torch.no_grad():
         assert float(lm_loss(lora, b)) < 6.0
 

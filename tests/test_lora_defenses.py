@@ -1,5 +1,6 @@
 """Tests of the federated LoRA defenses (fedrand, fedper, fedpara, dp_fedlora), bench/lora_params.py and
 bench/server_opt.py, on toy tensors and on a tiny peft Llama trained end to end with run_federated."""
+
 from __future__ import annotations
 
 import math
@@ -53,13 +54,21 @@ def make_api(layers: int = LAYERS, lora: bool = True) -> TaskAPI:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-                      num_key_value_heads=4, vocab_size=100, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=100,
+        max_position_embeddings=64,
+    )
 
     def build():
         torch.manual_seed(0)
-        return get_peft_model(LlamaForCausalLM(cfg),
-                              LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+        return get_peft_model(
+            LlamaForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+        )
 
     def loss(model, batch):
         return model(input_ids=batch, labels=batch).loss
@@ -69,16 +78,32 @@ def make_api(layers: int = LAYERS, lora: bool = True) -> TaskAPI:
         ce = nn.functional.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")
         return ce.mean(1)
 
-    return TaskAPI(name="toy-llm", family="llm-text", loss=loss, per_sample_loss=per_sample_loss, collate=torch.stack,
-                   build_model=build, num_layers=layers,
-                   lora=LoraSpec(r=4, alpha=8.0, targets=("q_proj", "v_proj")) if lora else None)
+    return TaskAPI(
+        name="toy-llm",
+        family="llm-text",
+        loss=loss,
+        per_sample_loss=per_sample_loss,
+        collate=torch.stack,
+        build_model=build,
+        num_layers=layers,
+        lora=LoraSpec(r=4, alpha=8.0, targets=("q_proj", "v_proj")) if lora else None,
+    )
 
 
 def make_task(api: TaskAPI, **fl) -> Task:
     g = torch.Generator().manual_seed(1)
     data = [list(torch.randint(0, 100, (6, 10), generator=g)) for _ in range(4)]
-    cfg = FLConfig(**{"num_clients": 4, "clients_per_round": 2, "rounds": 2, "batch_size": 3, "lr": 1e-2,
-                      "optimizer": "adam", **fl})
+    cfg = FLConfig(
+        **{
+            "num_clients": 4,
+            "clients_per_round": 2,
+            "rounds": 2,
+            "batch_size": 3,
+            "lr": 1e-2,
+            "optimizer": "adam",
+            **fl,
+        }
+    )
     return Task("toy", "", "smoke", api, cfg, data, data[0], lambda m: {})
 
 
@@ -92,10 +117,27 @@ def trainable_names(model) -> tuple[str, ...]:
 
 
 def make_ctx(api, model, global_state, *, rnd=0, lr=1e-2, optimizer="adam", seed=0, **fl) -> RoundCtx:
-    cfg = FLConfig(**{"num_clients": 4, "clients_per_round": 2, "rounds": 3, "batch_size": 3, "lr": lr,
-                      "optimizer": optimizer, **fl})
-    return RoundCtx(round=rnd, rounds=3, fl=cfg, task=api, generator=torch.Generator().manual_seed(seed),
-                    num_selected=1, global_state=global_state, shared_names=tuple(global_state))
+    cfg = FLConfig(
+        **{
+            "num_clients": 4,
+            "clients_per_round": 2,
+            "rounds": 3,
+            "batch_size": 3,
+            "lr": lr,
+            "optimizer": optimizer,
+            **fl,
+        }
+    )
+    return RoundCtx(
+        round=rnd,
+        rounds=3,
+        fl=cfg,
+        task=api,
+        generator=torch.Generator().manual_seed(seed),
+        num_selected=1,
+        global_state=global_state,
+        shared_names=tuple(global_state),
+    )
 
 
 def toy_data(n=6):
@@ -149,8 +191,12 @@ A2, B2 = "m.layers.1.q.lora_A.default.weight", "m.layers.1.q.lora_B.default.weig
 
 
 def _global():
-    return {A1: torch.full((2, 3), -1.0), B1: torch.full((3, 2), -2.0),
-            A2: torch.full((2, 3), -3.0), B2: torch.full((3, 2), -4.0)}
+    return {
+        A1: torch.full((2, 3), -1.0),
+        B1: torch.full((3, 2), -2.0),
+        A2: torch.full((2, 3), -3.0),
+        B2: torch.full((3, 2), -4.0),
+    }
 
 
 def _msg(client, n, half, value):
@@ -323,16 +369,21 @@ def test_fedpara_hadamard_forward(api):
     mod = model.get_submodule("base_model.model.model.layers.1.self_attn.v_proj")
     torch.manual_seed(3)
     with torch.no_grad():
-        for p in (mod.lora_A["default"].weight, mod.lora_B["default"].weight,
-                  getattr(mod, PRIVATE).A, getattr(mod, PRIVATE).B):
+        for p in (
+            mod.lora_A["default"].weight,
+            mod.lora_B["default"].weight,
+            getattr(mod, PRIVATE).A,
+            getattr(mod, PRIVATE).B,
+        ):
             p.copy_(torch.randn_like(p))
     x = torch.randn(5, 32)
     pair = getattr(mod, PRIVATE)
     g = mod.scaling["default"] * mod.lora_B["default"].weight @ mod.lora_A["default"].weight
     w = mod.base_layer.weight + g * (pair.B @ pair.A + 1)  # W0 + G (.) (B_p A_p + 1)
     with torch.no_grad():
-        assert torch.allclose(mod(x), x @ w.T + (mod.base_layer.bias if mod.base_layer.bias is not None else 0),
-                              atol=1e-4)
+        assert torch.allclose(
+            mod(x), x @ w.T + (mod.base_layer.bias if mod.base_layer.bias is not None else 0), atol=1e-4
+        )
 
 
 def test_fedpara_sends_global_pair_and_keeps_private_pair(api):
@@ -397,7 +448,7 @@ def test_stacked_factorisation_matches_dense_and_randomized_is_near_optimal():
     b2, a2, e2 = factor_rank_r(b_s @ a_s, 4, exact=True)
     assert torch.allclose(b1 @ a1, b2 @ a2, atol=1e-4) and math.isclose(e1, e2, rel_tol=1e-4)
     assert torch.allclose(a1 @ a1.T, torch.eye(4), atol=1e-5)
-    decay = torch.tensor([0.7 ** i for i in range(40)])
+    decay = torch.tensor([0.7**i for i in range(40)])
     big = (torch.randn(300, 40, generator=g) * decay) @ torch.randn(40, 300, generator=g)
     _, _, e = factor_rank_r(big, 4)  # min(shape) > 256: randomized SVD
     s = torch.linalg.svdvals(big)
@@ -542,9 +593,9 @@ def test_adaptive_server_steps_reddi_alg2():
     d = torch.tensor([0.5, -1.0])
     lr, b1, b2, tau = 0.1, 0.9, 0.99, 1e-3
     m = (1 - b1) * d
-    v_ada = tau ** 2 + d ** 2
-    v_yogi = tau ** 2 - (1 - b2) * d ** 2 * torch.sign(tau ** 2 - d ** 2)
-    v_adam = b2 * tau ** 2 + (1 - b2) * d ** 2
+    v_ada = tau**2 + d**2
+    v_yogi = tau**2 - (1 - b2) * d**2 * torch.sign(tau**2 - d**2)
+    v_adam = b2 * tau**2 + (1 - b2) * d**2
     for cls, v in ((FedAdagrad, v_ada), (FedYogi, v_yogi), (FedAdam, v_adam)):
         opt = cls(lr=lr, beta1=b1, beta2=b2, tau=tau)
         out = opt.step(x, t)["w"]
@@ -553,7 +604,7 @@ def test_adaptive_server_steps_reddi_alg2():
     opt = FedYogi(lr=lr, beta1=b1, beta2=b2, tau=tau)
     x1 = opt.step(x, t)
     opt.step(x1, {"w": x1["w"] + 0.01})
-    d2 = torch.full((2,), 0.01 ** 2)
+    d2 = torch.full((2,), 0.01**2)
     assert torch.allclose(opt.v["w"], v_yogi - (1 - b2) * d2 * torch.sign(v_yogi - d2))
     assert make_server_opt("fedadam").lr == 1e-3 and make_server_opt("fedavg", lr=None).lr == 1.0
 

@@ -4,6 +4,7 @@ Unit checks against direct computations on hand-made distributions, then positiv
 model over-fitted on its members is detected: AUROC >= 0.8) and negative controls (a model trained on
 neither split, and a score that ignores the model, sit at AUROC 0.5 +- 0.1 with 200+ per side).
 """
+
 from __future__ import annotations
 
 import math
@@ -55,7 +56,7 @@ def direct_renyi(p: list[float], alpha: float) -> float:
         return -sum(q * math.log(q) for q in p if q > 0)
     if math.isinf(alpha):
         return -math.log(max(p))
-    return math.log(sum(q ** alpha for q in p if q > 0)) / (1 - alpha)
+    return math.log(sum(q**alpha for q in p if q > 0)) / (1 - alpha)
 
 
 @pytest.mark.parametrize("alpha", [0.5, 1.0, 2.0, math.inf, 3.0])
@@ -94,7 +95,7 @@ def direct_mod_renyi(p: list[float], y: int, alpha: float) -> float:
     if alpha == 1:
         return -(1 - py) * math.log(py) - sum(q * math.log(1 - q) for j, q in enumerate(p) if j != y)
     a = abs(1 - alpha)
-    s = (1 - py) * py ** a - (1 - py) + sum(q * (1 - q) ** a - q for j, q in enumerate(p) if j != y)
+    s = (1 - py) * py**a - (1 - py) + sum(q * (1 - q) ** a - q for j, q in enumerate(p) if j != y)
     return -s / a
 
 
@@ -174,9 +175,16 @@ def _fixed_logits_api(table: torch.Tensor, targets: torch.Tensor, lengths: list[
             return table[batch], None, mask
         return table[batch], targets[batch], mask
 
-    return TaskAPI(name="fixed", family="vlm-caption", loss=lambda m, b: torch.zeros(()),
-                   per_sample_loss=lambda m, b: torch.zeros(len(b)), collate=lambda xs: torch.tensor(xs),
-                   build_model=nn.Identity, parts=("image", "caption"), logits=logits)
+    return TaskAPI(
+        name="fixed",
+        family="vlm-caption",
+        loss=lambda m, b: torch.zeros(()),
+        per_sample_loss=lambda m, b: torch.zeros(len(b)),
+        collate=lambda xs: torch.tensor(xs),
+        build_model=nn.Identity,
+        parts=("image", "caption"),
+        logits=logits,
+    )
 
 
 def test_max_renyi_and_min_k_match_direct_computation_on_fixed_logits():
@@ -210,8 +218,14 @@ def test_max_renyi_and_min_k_match_direct_computation_on_fixed_logits():
 
 
 def test_max_renyi_not_applicable_without_a_language_model_head():
-    api = TaskAPI(name="cls", family="image-cls", loss=lambda m, b: None, per_sample_loss=lambda m, b: None,
-                  collate=list, build_model=nn.Identity)
+    api = TaskAPI(
+        name="cls",
+        family="image-cls",
+        loss=lambda m, b: None,
+        per_sample_loss=lambda m, b: None,
+        collate=list,
+        build_model=nn.Identity,
+    )
     assert MaxRenyi().applies(api) == "needs a language-model head (api.logits)"
     with pytest.raises(ValueError, match="primary"):
         MaxRenyi(primary_k=15)
@@ -257,15 +271,22 @@ def lm_logits(model, batch, part):
     logits, targets = model(batch[:, :-1]), batch[:, 1:]
     mask = torch.zeros_like(targets, dtype=torch.bool)
     if part == "prefix":  # a target-free slice, like the VLM's visual-token positions
-        mask[:, :PREFIX - 1] = True
+        mask[:, : PREFIX - 1] = True
         return logits, None, mask
-    mask[:, PREFIX - 1:] = True
+    mask[:, PREFIX - 1 :] = True
     return logits, targets, mask
 
 
-LM_API = TaskAPI(name="tiny-lm", family="llm-text", loss=lambda m, b: lm_per_sample_loss(m, b).mean(),
-                 per_sample_loss=lm_per_sample_loss, collate=torch.stack, build_model=TinyLM,
-                 parts=("prefix", "text"), logits=lm_logits)
+LM_API = TaskAPI(
+    name="tiny-lm",
+    family="llm-text",
+    loss=lambda m, b: lm_per_sample_loss(m, b).mean(),
+    per_sample_loss=lm_per_sample_loss,
+    collate=torch.stack,
+    build_model=TinyLM,
+    parts=("prefix", "text"),
+    logits=lm_logits,
+)
 
 
 def train(model: nn.Module, loss_fn, data, *, steps: int, lr: float, seed: int = 0) -> nn.Module:
@@ -287,8 +308,16 @@ def lm_setup():
     # negative control: trained (same recipe) on a third split, attacked on 200 + 200 unseen texts
     torch.manual_seed(1)
     neither = train(TinyLM(), lm_per_sample_loss, torch.stack(texts[-48:]), steps=80, lr=3e-2)
-    return dict(mem=mem, aux_m=aux_m, non=non, aux_n=aux_n, overfit=overfit, neither=neither,
-                cand_m=texts[64:264], cand_n=texts[264:464])
+    return dict(
+        mem=mem,
+        aux_m=aux_m,
+        non=non,
+        aux_n=aux_n,
+        overfit=overfit,
+        neither=neither,
+        cand_m=texts[64:264],
+        cand_n=texts[264:464],
+    )
 
 
 def lm_obs(model, s, view="client_model"):
@@ -299,8 +328,14 @@ def test_max_renyi_positive_control_overfit_language_model(lm_setup):
     s = lm_setup
     scores = MaxRenyi().run(lm_obs(s["overfit"], s), s["mem"] + s["non"])
     assert scores.primary == "maxrenyi_K10_a0.5_text"
-    for name in (scores.primary, "maxrenyi_K0_a0.5_text", "maxrenyi_K10_a2_text", "mink_K20_text", "loss_text",
-                 "modrenyi_a1_text"):
+    for name in (
+        scores.primary,
+        "maxrenyi_K0_a0.5_text",
+        "maxrenyi_K10_a2_text",
+        "mink_K20_text",
+        "loss_text",
+        "modrenyi_a1_text",
+    ):
         assert auroc(scores.scores[name], 16, 16) >= 0.8, name
 
 
@@ -354,8 +389,14 @@ def mlp_per_sample_loss(model, batch):
     return nn.functional.cross_entropy(model(x), y, reduction="none")
 
 
-CLS_API = TaskAPI(name="tiny-cls", family="image-cls", loss=lambda m, b: mlp_per_sample_loss(m, b).mean(),
-                  per_sample_loss=mlp_per_sample_loss, collate=collate_points, build_model=build_mlp)
+CLS_API = TaskAPI(
+    name="tiny-cls",
+    family="image-cls",
+    loss=lambda m, b: mlp_per_sample_loss(m, b).mean(),
+    per_sample_loss=mlp_per_sample_loss,
+    collate=collate_points,
+    build_model=build_mlp,
+)
 
 
 @pytest.fixture(scope="module")
@@ -366,13 +407,22 @@ def cls_setup():
     overfit = train(build_mlp(), mlp_per_sample_loss, collate_points(mem + aux_m), steps=300, lr=1e-2)
     torch.manual_seed(1)
     neither = train(build_mlp(), mlp_per_sample_loss, collate_points(pts[560:]), steps=300, lr=1e-2)
-    return dict(mem=mem, aux_m=aux_m, non=non, aux_n=aux_n, overfit=overfit, neither=neither,
-                cand_m=pts[160:360], cand_n=pts[360:560])
+    return dict(
+        mem=mem,
+        aux_m=aux_m,
+        non=non,
+        aux_n=aux_n,
+        overfit=overfit,
+        neither=neither,
+        cand_m=pts[160:360],
+        cand_n=pts[360:560],
+    )
 
 
 def cls_obs(model, s, aux: int | None = None):
-    return Observation("released_model", model, None, CLS_API,
-                       Public(aux_members=s["aux_m"][:aux], aux_nonmembers=s["aux_n"][:aux]))
+    return Observation(
+        "released_model", model, None, CLS_API, Public(aux_members=s["aux_m"][:aux], aux_nonmembers=s["aux_n"][:aux])
+    )
 
 
 def test_loss_mia_positive_control_overfit_classifier(cls_setup):
@@ -394,9 +444,11 @@ def test_loss_and_gradient_mia_negative_control_model_trained_on_neither_split(c
     s = cls_setup
     obs = cls_obs(s["neither"], s)
     cands = s["cand_m"] + s["cand_n"]
-    results = {"threshold": LossMIA(method="threshold").run(obs, cands),
-               "proxy": LossMIA(method="proxy", epochs=30).run(obs, cands),
-               "gsa": GradientMIA(n_estimators=50).run(obs, cands)}
+    results = {
+        "threshold": LossMIA(method="threshold").run(obs, cands),
+        "proxy": LossMIA(method="proxy", epochs=30).run(obs, cands),
+        "gsa": GradientMIA(n_estimators=50).run(obs, cands),
+    }
     for what, sc in results.items():
         for name, v in sc.scores.items():
             assert abs(auroc(v, 200, 200) - 0.5) <= 0.1, (what, name)
@@ -463,10 +515,16 @@ def test_loss_timesteps_hook_gives_per_step_scores():
         seen.append(t)
         return batch[:, 0] * (1 + t / 1000)
 
-    api = TaskAPI(name="ldm", family="ldm-t2i", loss=lambda m, b: None, per_sample_loss=lambda m, b: b[:, 0],
-                  collate=torch.stack, build_model=nn.Identity,
-                  diffusion=DiffusionSpec(num_timesteps=1000, eval_timesteps=(), image_size=8),
-                  diffusion_ops=DiffusionOps(loss_at_timestep=loss_at, denoise_error=lambda m, b, *a: b[:, 0]))
+    api = TaskAPI(
+        name="ldm",
+        family="ldm-t2i",
+        loss=lambda m, b: None,
+        per_sample_loss=lambda m, b: b[:, 0],
+        collate=torch.stack,
+        build_model=nn.Identity,
+        diffusion=DiffusionSpec(num_timesteps=1000, eval_timesteps=(), image_size=8),
+        diffusion_ops=DiffusionOps(loss_at_timestep=loss_at, denoise_error=lambda m, b, *a: b[:, 0]),
+    )
     assert loss_timesteps(api, 10) == [50, 150, 250, 350, 450, 550, 650, 750, 850, 950]
     cands = [torch.tensor([v]) for v in (0.1, 0.5, 0.3)]
     sc = LossMIA(timesteps=4).run(Observation("released_model", nn.Identity(), None, api), cands)

@@ -1,6 +1,7 @@
 """MP-LoRA / SMP-LoRA ([SMP-LoRA] Eq. 5, 6, 10; Alg. 1-2): the objectives and their gradients against
 hand computation on toy tensors, the proxy's inner maximisation, and one run of each central LoRA
 defense on the ldm-t2i smoke task."""
+
 from __future__ import annotations
 
 import math
@@ -72,7 +73,7 @@ def test_eq10_value_and_gradient_by_hand():
     D = 1 - LAM * G + DELTA
     assert float(total.detach()) == pytest.approx(L / D, rel=1e-6)
     # App. B / Eq. 13: mu' + nu' = dL / D + L * lambda * dG / D^2
-    assert float(g) == pytest.approx(dL / D + L * LAM * dG / D ** 2, rel=1e-5)
+    assert float(g) == pytest.approx(dL / D + L * LAM * dG / D**2, rel=1e-5)
 
 
 def test_eq10_gradient_on_a_lora_pair_matches_eq15():
@@ -92,7 +93,7 @@ def test_eq10_gradient_on_a_lora_pair_matches_eq15():
     mu = torch.autograd.grad((o - y).pow(2).sum(), M, retain_graph=True)[0]
     nu = LAM * torch.autograd.grad(F.logsigmoid(w @ o.squeeze(1)), M)[0]
     D = 1 - LAM * float(G.detach()) + DELTA
-    total = mu / D + float(L.detach()) * nu / D ** 2
+    total = mu / D + float(L.detach()) * nu / D**2
     assert torch.allclose(gB, total @ A.detach().T, atol=1e-5)
     assert torch.allclose(gA, B.detach().T @ total, atol=1e-5)
 
@@ -143,8 +144,15 @@ def test_defenses_are_registered_central_with_paper_defaults():
 
 
 def test_applies_only_to_ldm_tasks():
-    api = TaskAPI(name="x", family="llm-text", loss=lambda m, b: None, per_sample_loss=lambda m, b: None,
-                  collate=list, build_model=lambda: None, lora=LoraSpec(r=4, alpha=8.0, targets=("q_proj",)))
+    api = TaskAPI(
+        name="x",
+        family="llm-text",
+        loss=lambda m, b: None,
+        per_sample_loss=lambda m, b: None,
+        collate=list,
+        build_model=lambda: None,
+        lora=LoraSpec(r=4, alpha=8.0, targets=("q_proj",)),
+    )
     for name in ("lora", "mp_lora", "smp_lora"):
         d = build(DEFENSES.get(name), {}, "defense")
         assert d.applies(api) is not None

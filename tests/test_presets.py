@@ -1,5 +1,6 @@
 """The preset names have one source (``bench.task.PRESETS``): every scenario's per-preset table covers
 exactly those names, a bad name fails once with the valid choices, and ``models/`` never takes a preset."""
+
 from __future__ import annotations
 
 import ast

@@ -1,6 +1,7 @@
 """The membership protocol (bench/cells.py): candidates drawn from the seed alone and shared by every
 defense, view and the base model; the attacker's aux split disjoint and handed only to attacks that use
 it; the client view pools every client's own members; ASR thresholds chosen on aux data."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from tests.toy import ToyLossMIA, toy_task
 @dataclass
 class Spy(ToyLossMIA):
     """The toy loss attack, recording what each call observed."""
+
     name = "spy"
 
     def __post_init__(self):
@@ -113,8 +115,10 @@ def test_client_view_pools_every_client_fixed_across_defenses(trained):
 
     # assert: every client scored, with the same candidates per client under both defenses
     assert all(r["clients"] == [0, 1, 2] for r in recs.values())
-    per_call = {name: [[(c[0].sum().item(), c[1]) for c in call["candidates"]] for call in s.calls[::2]]
-                for name, s in spies.items()}
+    per_call = {
+        name: [[(c[0].sum().item(), c[1]) for c in call["candidates"]] for call in s.calls[::2]]
+        for name, s in spies.items()
+    }
     assert per_call["fedavg"] == per_call["flrsp"]
     assert sum(len(c) for c in per_call["fedavg"]) == 2 * 16
 

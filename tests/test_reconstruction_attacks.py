@@ -4,6 +4,7 @@ The client is mimicked directly: a tiny timm model, a 32 px photo from scikit-im
 batch 1, one gradient from torch.autograd (as bench.fl.batch_gradient computes it). SSIM is
 scikit-image's on de-normalised images.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -79,19 +80,30 @@ def lenet() -> nn.Module:
     """The small sigmoid CNN of Deep Leakage from Gradients (Zhu et al. 2019): a fast control."""
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(3, 12, 5, padding=2, stride=2), nn.Sigmoid(),
-        nn.Conv2d(12, 12, 5, padding=2, stride=2), nn.Sigmoid(),
-        nn.Conv2d(12, 12, 5, padding=2), nn.Sigmoid(),
-        nn.Flatten(), nn.Linear(12 * 8 * 8, 10))
+        nn.Conv2d(3, 12, 5, padding=2, stride=2),
+        nn.Sigmoid(),
+        nn.Conv2d(12, 12, 5, padding=2, stride=2),
+        nn.Sigmoid(),
+        nn.Conv2d(12, 12, 5, padding=2),
+        nn.Sigmoid(),
+        nn.Flatten(),
+        nn.Linear(12 * 8 * 8, 10),
+    )
 
 
 def bn_cnn() -> nn.Module:
     """A small conv net with train-mode BatchNorm: per-target batch statistics must stay per target."""
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1, stride=2), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.Conv2d(8, 8, 3, padding=1, stride=2), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
+        nn.Conv2d(3, 8, 3, padding=1, stride=2),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1, stride=2),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * 8 * 8, 10),
+    )
 
 
 def task_api(arch: str, build, **fields) -> TaskAPI:
@@ -99,11 +111,21 @@ def task_api(arch: str, build, **fields) -> TaskAPI:
         return F.cross_entropy(model(batch[0]), batch[1])
 
     image = ImageSpec(input_shape=SHAPE, num_classes=10, mean=tuple(MEAN), std=tuple(STD))
-    vit = ViTSpec(pos_embed_param="pos_embed", patch_embed_param="patch_embed.proj.weight", patch_size=4) \
-        if arch == "vit" else None
+    vit = (
+        ViTSpec(pos_embed_param="pos_embed", patch_embed_param="patch_embed.proj.weight", patch_size=4)
+        if arch == "vit"
+        else None
+    )
     fields = {"arch": arch, "image": image, "vit": vit, **fields}
-    return TaskAPI(name=f"test-{arch}", family="image-cls", loss=loss, per_sample_loss=loss, collate=None,
-                   build_model=build, **fields)
+    return TaskAPI(
+        name=f"test-{arch}",
+        family="image-cls",
+        loss=loss,
+        per_sample_loss=loss,
+        collate=None,
+        build_model=build,
+        **fields,
+    )
 
 
 def client_gradient(model: nn.Module, x: torch.Tensor, y: int, *, train: bool = True) -> dict[str, torch.Tensor]:
@@ -320,6 +342,7 @@ def test_inverting_gradients_unrolls_local_sgd_steps_of_a_weights_message():
 
 def test_train_mode_batchnorm_with_one_value_per_channel_falls_back_to_eval():
     """The standard stem and stages leave 1x1 at 32 px: train-mode BatchNorm cannot run on one image."""
+
     def build():
         torch.manual_seed(0)
         return ResNet(BasicBlock, (1, 1, 1, 1), num_classes=10, channels=(8, 8, 8, 8))
@@ -338,7 +361,8 @@ def _inversion_controls(build, arch: str, iterations: int, model_mode: str = "au
     grads = client_gradient(model, x, 3, train=False)
     api = task_api(arch, build)
     clean, masked = InvertingGradients(iterations=iterations, model_mode=model_mode).run_batch(
-        [observe(model, grads, api), observe(model, flrsp_mask(grads, 0.8), api)])
+        [observe(model, grads, api), observe(model, flrsp_mask(grads, 0.8), api)]
+    )
     assert clean.labels.tolist() == [3]
     noise = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1)).clamp(-2, 2)
     return ssim(clean.images[0], x), ssim(masked.images[0], x), ssim(noise, x)

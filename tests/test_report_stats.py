@@ -1,5 +1,6 @@
 """Statistics and verdict machinery of the reporting (issue 11): TPR-at-FPR gating, the paired bootstrap, the
 positive-control criterion, utility collapse, escaping, and a run where every cell is n/a (constructed records)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -120,6 +121,7 @@ def test_the_leaderboard_marks_a_task_whose_baseline_fails_its_control(tmp_path)
     md = (tmp_path / "lb" / "sc.md").read_text()
     assert "Positive control failed for sc/a" in md
     import pandas as pd
+
     table = pd.read_csv(tmp_path / "lb" / "sc.csv")
     assert table.positive_control.str.startswith("failed").all()
 
@@ -129,9 +131,14 @@ def test_the_leaderboard_marks_a_task_whose_baseline_fails_its_control(tmp_path)
 
 
 def test_a_collapsed_row_is_never_in_the_best_group_and_is_marked(tmp_path):
-    res = write(tmp_path, [rec(defense="fedavg", strength=2.0, utility={"perplexity": 20.0}),
-                           rec(defense="dp", label="dp(eps=1)", strength=0.0, utility={"perplexity": 2.2e8}),
-                           rec(defense="flrsp", label="flrsp(R=0.8)", strength=0.05, utility={"perplexity": 25.0})])
+    res = write(
+        tmp_path,
+        [
+            rec(defense="fedavg", strength=2.0, utility={"perplexity": 20.0}),
+            rec(defense="dp", label="dp(eps=1)", strength=0.0, utility={"perplexity": 2.2e8}),
+            rec(defense="flrsp", label="flrsp(R=0.8)", strength=0.05, utility={"perplexity": 25.0}),
+        ],
+    )
 
     table, _ = scenario_table(res, "sc")
 
@@ -143,11 +150,21 @@ def test_a_collapsed_row_is_never_in_the_best_group_and_is_marked(tmp_path):
 
 
 def test_markdown_escapes_record_strings_and_shows_epsilon_without_amplification(tmp_path):
-    priv = {"epsilon": 1.0, "epsilon_composed": 3.0, "epsilon_composed_no_amplification": 9.0, "delta": 1e-5,
-            "note": "<b>note</b>"}
-    write(tmp_path / "run", [rec(defense="fedavg"), rec(defense="dp", label="dp(eps=1)", privacy=priv),
-                             rec(defense="x", label="<script>alert(1)</script>", status="failed",
-                                 reason="<img src=x>")])
+    priv = {
+        "epsilon": 1.0,
+        "epsilon_composed": 3.0,
+        "epsilon_composed_no_amplification": 9.0,
+        "delta": 1e-5,
+        "note": "<b>note</b>",
+    }
+    write(
+        tmp_path / "run",
+        [
+            rec(defense="fedavg"),
+            rec(defense="dp", label="dp(eps=1)", privacy=priv),
+            rec(defense="x", label="<script>alert(1)</script>", status="failed", reason="<img src=x>"),
+        ],
+    )
 
     write_leaderboards(tmp_path / "run", tmp_path / "lb")
 
@@ -158,8 +175,18 @@ def test_markdown_escapes_record_strings_and_shows_epsilon_without_amplification
 
 
 def test_a_run_where_every_cell_is_na_writes_its_leaderboard(tmp_path):
-    write(tmp_path / "run", [rec(scenario="image-cls", task="image-cls/vit", attack="max_renyi", status="n/a",
-                                 reason="needs a language model")])
+    write(
+        tmp_path / "run",
+        [
+            rec(
+                scenario="image-cls",
+                task="image-cls/vit",
+                attack="max_renyi",
+                status="n/a",
+                reason="needs a language model",
+            )
+        ],
+    )
 
     written = write_leaderboards(tmp_path / "run", tmp_path / "lb")
 

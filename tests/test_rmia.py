@@ -1,5 +1,6 @@
 """RMIA / offline LiRA ([RMIA], [LiRA]): the score functions on constructed likelihoods, the reference
 models' cache and population split, and positive / negative controls on a toy task with population data."""
+
 from __future__ import annotations
 
 import math
@@ -98,13 +99,21 @@ def _population_task(*, n_members: int = 96, n_non: int = 96, n_pop: int = 256, 
     total = n_members + n_non + 32 + n_pop
     x, y = torch.randn(total, 3, 8, 8, generator=g), torch.randint(0, 4, (total,), generator=g).tolist()
     items = list(zip(x, y))
-    train, non = items[:n_members], items[n_members:n_members + n_non]
-    test, pop = items[n_members + n_non:n_members + n_non + 32], items[n_members + n_non + 32:]
+    train, non = items[:n_members], items[n_members : n_members + n_non]
+    test, pop = items[n_members + n_non : n_members + n_non + 32], items[n_members + n_non + 32 :]
     parts = split_clients([t[1] for t in train], 3, None, seed)
     api = replace(base.api, population_size=n_pop)
-    return replace(base, api=api, fl=replace(base.fl, rounds=rounds, local_epochs=3),
-                   client_data=[[train[i] for i in p] for p in parts], test_data=test, nonmembers=non,
-                   population=pop, max_membership=64, config={"test_rmia": seed, "rounds": rounds})
+    return replace(
+        base,
+        api=api,
+        fl=replace(base.fl, rounds=rounds, local_epochs=3),
+        client_data=[[train[i] for i in p] for p in parts],
+        test_data=test,
+        nonmembers=non,
+        population=pop,
+        max_membership=64,
+        config={"test_rmia": seed, "rounds": rounds},
+    )
 
 
 def test_reference_runs_are_cached_and_reused(tmp_path):

@@ -1,5 +1,6 @@
 """Run state lives off the defense configs: one config crossed with tasks of different deltas records each
 task's own delta and epsilon, and the config object is never mutated (issue 14 s.2)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,12 +27,18 @@ def task_with_delta(variant: str, delta: float):
     """The toy task under another variant name, with a scenario dp_delta and client sampling 2 of 3."""
     t = toy_task(rounds=2)
     api = dataclasses.replace(t.api, dp_delta=delta)
-    return dataclasses.replace(t, variant=variant, api=api, fl=dataclasses.replace(t.fl, clients_per_round=2),
-                               config={**t.config, "dp_delta": delta})
+    return dataclasses.replace(
+        t,
+        variant=variant,
+        api=api,
+        fl=dataclasses.replace(t.fl, clients_per_round=2),
+        config={**t.config, "dp_delta": delta},
+    )
 
 
 def locked(defense):
     """The same configuration, as an instance that raises on any attribute write (a frozen config)."""
+
     def refuse(self, name, value):
         raise dataclasses.FrozenInstanceError(f"run state written onto the config: {name}")
 
@@ -99,8 +106,15 @@ def test_server_optimizer_state_lives_in_the_run_not_the_config():
 
 def test_privacy_record_without_dp_and_without_sampling():
     assert privacy_record(FedAvg(), delta=1e-5, rounds=3, sample_rate=0.5, names=None, n_samples=100) == {
-        "epsilon": None, "epsilon_composed": None, "epsilon_composed_no_amplification": None, "delta": None,
-        "sample_rate": None, "rounds": None, "sensitivity": "", "note": ""}
+        "epsilon": None,
+        "epsilon_composed": None,
+        "epsilon_composed_no_amplification": None,
+        "delta": None,
+        "sample_rate": None,
+        "rounds": None,
+        "sensitivity": "",
+        "note": "",
+    }
     pv = privacy_record(DPGaussian(eps=1.0), delta=1e-5, rounds=3, sample_rate=1.0, names=None, n_samples=100)
     assert pv["epsilon_composed"] == pv["epsilon_composed_no_amplification"]
     assert math.isfinite(pv["epsilon_composed"]) and pv["note"] == ""

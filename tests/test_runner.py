@@ -1,4 +1,5 @@
 """The harness end to end on a toy task: records, n/a, failures, caching and resume."""
+
 from __future__ import annotations
 
 import json

@@ -6,6 +6,7 @@ model and data; collate / loss / per_sample_loss on two items; build_model; clie
 disjoint from the non-members; a config hash stable across two builds; every registered defense and attack
 whose ``applies()`` accepts the task finds the fields it ``requires``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,15 @@ from tests.assets import need
 from tests.conftest import SMOKE_ASSETS
 from tests.toy import toy_task
 
-SPEC_TYPES = {"lora": bt.LoraSpec, "image": bt.ImageSpec, "vit": bt.ViTSpec, "diffusion": bt.DiffusionSpec,
-              "tokens": bt.TokenSpec, "caption": bt.CaptionSpec, "diffusion_ops": bt.DiffusionOps}
+SPEC_TYPES = {
+    "lora": bt.LoraSpec,
+    "image": bt.ImageSpec,
+    "vit": bt.ViTSpec,
+    "diffusion": bt.DiffusionSpec,
+    "tokens": bt.TokenSpec,
+    "caption": bt.CaptionSpec,
+    "diffusion_ops": bt.DiffusionOps,
+}
 
 
 @pytest.fixture(scope="module", params=SCENARIOS.names())
@@ -101,8 +109,9 @@ def check_typed_fields_agree_with_each_other(task) -> None:
     assert api.vit is None or api.image is not None, f"{task.id}: a ViT spec needs the image spec"
     assert api.caption is None or api.tokens is not None, f"{task.id}: a caption spec needs the token spec"
     if api.aux_sets:
-        assert task.extras.get("aux_members") and task.extras.get("aux_nonmembers"), \
+        assert task.extras.get("aux_members") and task.extras.get("aux_nonmembers"), (
             f"{task.id}: aux_sets without extras['aux_members'] / ['aux_nonmembers']"
+        )
     population = len(task.population) if getattr(task, "population", None) is not None else 0
     assert api.population_size == population, f"{task.id}: population_size {api.population_size} vs {population}"
     if api.image is not None:
@@ -240,20 +249,29 @@ def _toy(**api_changes):
 
 def test_the_toy_task_passes_the_checks():
     task = _toy()
-    for check in (check_typed_fields_hold_their_declared_types, check_typed_fields_agree_with_each_other,
-                  check_model_builds_and_matches_the_declared_fields,
-                  check_collate_loss_and_per_sample_loss_on_two_items,
-                  check_client_data_non_empty_and_disjoint_from_nonmembers):
+    for check in (
+        check_typed_fields_hold_their_declared_types,
+        check_typed_fields_agree_with_each_other,
+        check_model_builds_and_matches_the_declared_fields,
+        check_collate_loss_and_per_sample_loss_on_two_items,
+        check_client_data_non_empty_and_disjoint_from_nonmembers,
+    ):
         check(task)
 
 
-@pytest.mark.parametrize("check, broken, needle", [
-    (check_typed_fields_agree_with_each_other, {"parts": ("text",)}, "vs logits"),
-    (check_typed_fields_agree_with_each_other, {"population_size": 5}, "population_size 5"),
-    (check_typed_fields_hold_their_declared_types, {"lora": {"r": 4}}, "expected LoraSpec"),
-    (check_model_builds_and_matches_the_declared_fields, {"lora": bt.LoraSpec(r=4, alpha=8.0, targets=("q",))},
-     "no trainable parameter is a LoRA"),
-])
+@pytest.mark.parametrize(
+    "check, broken, needle",
+    [
+        (check_typed_fields_agree_with_each_other, {"parts": ("text",)}, "vs logits"),
+        (check_typed_fields_agree_with_each_other, {"population_size": 5}, "population_size 5"),
+        (check_typed_fields_hold_their_declared_types, {"lora": {"r": 4}}, "expected LoraSpec"),
+        (
+            check_model_builds_and_matches_the_declared_fields,
+            {"lora": bt.LoraSpec(r=4, alpha=8.0, targets=("q",))},
+            "no trainable parameter is a LoRA",
+        ),
+    ],
+)
 def test_a_broken_task_fails_its_check(check, broken, needle):
     with pytest.raises(AssertionError, match=needle):
         check(_toy(**broken))

@@ -1,6 +1,7 @@
 """The cell group's in-memory signal cache: a hit returns exactly what recomputing gives, a changed
 model or candidate list recomputes, and the score-based attacks give the same scores with and
 without it (the loss attack's threshold and proxy share one forward pass over the candidates)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -94,9 +95,16 @@ def lm_api() -> TaskAPI:
         lg, tg, _ = logits(model, batch, "text")
         return nn.functional.cross_entropy(lg.transpose(1, 2), tg, reduction="none").mean(1)
 
-    return TaskAPI(name="tiny-lm", family="llm-text", loss=lambda m, b: per_sample_loss(m, b).mean(),
-                   per_sample_loss=per_sample_loss, collate=torch.stack, build_model=TinyLM,
-                   parts=("text",), logits=logits)
+    return TaskAPI(
+        name="tiny-lm",
+        family="llm-text",
+        loss=lambda m, b: per_sample_loss(m, b).mean(),
+        per_sample_loss=per_sample_loss,
+        collate=torch.stack,
+        build_model=TinyLM,
+        parts=("text",),
+        logits=logits,
+    )
 
 
 def items(n: int, seed: int) -> list[torch.Tensor]:
@@ -105,12 +113,22 @@ def items(n: int, seed: int) -> list[torch.Tensor]:
 
 
 def observe(model, cache, seed=3) -> Observation:
-    return Observation("global_model", model, None, lm_api(),
-                       Public(aux_members=items(10, 1), aux_nonmembers=items(10, 2)), seed=seed, signals=cache)
+    return Observation(
+        "global_model",
+        model,
+        None,
+        lm_api(),
+        Public(aux_members=items(10, 1), aux_nonmembers=items(10, 2)),
+        seed=seed,
+        signals=cache,
+    )
 
 
-@pytest.mark.parametrize("attack", [MaxRenyi(batch_size=4), LossMIA(method="proxy", epochs=2),
-                                    GradientMIA(n_estimators=5)], ids=["max_renyi", "loss_mia", "gradient_mia"])
+@pytest.mark.parametrize(
+    "attack",
+    [MaxRenyi(batch_size=4), LossMIA(method="proxy", epochs=2), GradientMIA(n_estimators=5)],
+    ids=["max_renyi", "loss_mia", "gradient_mia"],
+)
 def test_attacks_score_the_same_with_and_without_the_cache(attack):
     model, cands = TinyLM(), items(12, 0)
     alone = attack.run(observe(model, None), cands)

@@ -3,6 +3,7 @@
 The declarations must equal what building gives (id, TaskSpec fields, FL settings) and plan to the same
 cells, so the two cannot drift.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,19 @@ from bench.specs import declared
 from tests.conftest import smoke_tasks
 
 # Imported only by the functions that need them, never to list names or plan (`python -X importtime -m bench list`)
-HEAVY = ("transformers", "diffusers", "timm", "opacus", "sklearn", "pandas", "matplotlib", "scipy", "skimage",
-         "peft", "sympy")
+HEAVY = (
+    "transformers",
+    "diffusers",
+    "timm",
+    "opacus",
+    "sklearn",
+    "pandas",
+    "matplotlib",
+    "scipy",
+    "skimage",
+    "peft",
+    "sympy",
+)
 
 
 def _planned(tasks: list) -> list[tuple]:
@@ -70,13 +82,14 @@ def test_a_scenario_without_declarations_is_built(monkeypatch):
     assert built == [(("llm-text",), "paper")]
 
 
-
 def test_listing_and_planning_import_no_heavy_library():
-    code = ("import sys, json\n"
-            "import bench.cli, bench.runner, bench.specs\n"
-            "from bench.registry import ATTACKS, DEFENSES, SCENARIOS\n"
-            "DEFENSES.load(); ATTACKS.load(); SCENARIOS.load()\n"
-            f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))")
+    code = (
+        "import sys, json\n"
+        "import bench.cli, bench.runner, bench.specs\n"
+        "from bench.registry import ATTACKS, DEFENSES, SCENARIOS\n"
+        "DEFENSES.load(); ATTACKS.load(); SCENARIOS.load()\n"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))"
+    )
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
 

@@ -1,4 +1,5 @@
 """Result records against their schema, quarantine of invalid files, and the safetensors + JSON cache."""
+
 from __future__ import annotations
 
 import json
@@ -15,16 +16,31 @@ from bench.store import RecordInvalid, Store
 
 def record(**over) -> dict:
     """A valid ok membership record (schema 1) with ``over`` applied."""
-    rec = {"schema_version": 1, "cell_id": "0123456789abcdef", "scenario": "toy", "task": "toy/mlp",
-           "preset": "smoke", "seed": 0, "defense": "fedavg", "defense_params": {}, "defense_label": "fedavg",
-           "attack": "toy_loss", "attack_params": {"alpha": "inf"}, "attack_label": "toy_loss",
-           "attack_kind": "membership", "view": "global_model", "status": "ok", "reason": None,
-           "metrics": {"auroc": {"value": 0.75, "ci_low": 0.6, "ci_high": 0.9}},
-           "per_candidate": {"score": [0.1, 0.9], "member": [0, 1], "id": ["n:0", "m:3"]},
-           "utility": {"accuracy": 0.5, "perplexity": "inf"},
-           "privacy": {"epsilon": 8.0, "epsilon_composed": "inf", "delta": 1e-5, "sample_rate": 1.0, "note": ""},
-           "cost": {"bytes_up_per_round": 10.0, "rounds": 2}, "artifacts": {},
-           "provenance": {"code_version": "abc", "config_hash": "h", "started_at": "2026-11-23T12:00:00Z"}}
+    rec = {
+        "schema_version": 1,
+        "cell_id": "0123456789abcdef",
+        "scenario": "toy",
+        "task": "toy/mlp",
+        "preset": "smoke",
+        "seed": 0,
+        "defense": "fedavg",
+        "defense_params": {},
+        "defense_label": "fedavg",
+        "attack": "toy_loss",
+        "attack_params": {"alpha": "inf"},
+        "attack_label": "toy_loss",
+        "attack_kind": "membership",
+        "view": "global_model",
+        "status": "ok",
+        "reason": None,
+        "metrics": {"auroc": {"value": 0.75, "ci_low": 0.6, "ci_high": 0.9}},
+        "per_candidate": {"score": [0.1, 0.9], "member": [0, 1], "id": ["n:0", "m:3"]},
+        "utility": {"accuracy": 0.5, "perplexity": "inf"},
+        "privacy": {"epsilon": 8.0, "epsilon_composed": "inf", "delta": 1e-5, "sample_rate": 1.0, "note": ""},
+        "cost": {"bytes_up_per_round": 10.0, "rounds": 2},
+        "artifacts": {},
+        "provenance": {"code_version": "abc", "config_hash": "h", "started_at": "2026-11-23T12:00:00Z"},
+    }
     rec.update(over)
     return rec
 
@@ -40,26 +56,29 @@ def test_a_valid_record_passes_and_round_trips(tmp_path):
     assert [r["metrics"]["auroc"]["value"] for r in store.records()] == [0.75]
 
 
-@pytest.mark.parametrize("change, fragment", [
-    ({"metrics": {"auroc": {"value": "garbage"}}}, "metrics.auroc.value"),
-    ({"metrics": {"auroc": {"value": float("nan")}}}, "metrics.auroc.value"),
-    ({"metrics": {"auroc": {"value": True}}}, "metrics.auroc.value"),
-    ({"metrics": {"auroc": {"value": 0.5, "ci_low": 0.9, "ci_high": 0.1}}}, "ci_low"),
-    ({"status": "done"}, "status"),
-    ({"status": "failed", "reason": ""}, "needs a reason"),
-    ({"metrics": {}}, "needs metrics"),
-    ({"per_candidate": None}, "per_candidate"),
-    ({"per_candidate": {"score": [0.1, 0.2], "member": [1]}}, "lengths"),
-    ({"per_candidate": {"score": [0.1], "member": [2]}}, "per_candidate.member"),
-    ({"privacy": {"epsilon": -1.0}}, "privacy.epsilon"),
-    ({"privacy": {"epsilon": "nan"}}, "privacy.epsilon"),
-    ({"seed": "0"}, "seed"),
-    ({"cell_id": "../../etc/x"}, "cell_id"),
-    ({"view": "the_server"}, "view"),
-    ({"artifacts": {"grid": "/abs/grid.png"}}, "relative"),
-    ({"artifacts": {"grid": "../grid.png"}}, "relative"),
-    ({"schema_version": 2}, "schema_version 2"),
-])
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"metrics": {"auroc": {"value": "garbage"}}}, "metrics.auroc.value"),
+        ({"metrics": {"auroc": {"value": float("nan")}}}, "metrics.auroc.value"),
+        ({"metrics": {"auroc": {"value": True}}}, "metrics.auroc.value"),
+        ({"metrics": {"auroc": {"value": 0.5, "ci_low": 0.9, "ci_high": 0.1}}}, "ci_low"),
+        ({"status": "done"}, "status"),
+        ({"status": "failed", "reason": ""}, "needs a reason"),
+        ({"metrics": {}}, "needs metrics"),
+        ({"per_candidate": None}, "per_candidate"),
+        ({"per_candidate": {"score": [0.1, 0.2], "member": [1]}}, "lengths"),
+        ({"per_candidate": {"score": [0.1], "member": [2]}}, "per_candidate.member"),
+        ({"privacy": {"epsilon": -1.0}}, "privacy.epsilon"),
+        ({"privacy": {"epsilon": "nan"}}, "privacy.epsilon"),
+        ({"seed": "0"}, "seed"),
+        ({"cell_id": "../../etc/x"}, "cell_id"),
+        ({"view": "the_server"}, "view"),
+        ({"artifacts": {"grid": "/abs/grid.png"}}, "relative"),
+        ({"artifacts": {"grid": "../grid.png"}}, "relative"),
+        ({"schema_version": 2}, "schema_version 2"),
+    ],
+)
 def test_invalid_records_are_named_and_never_written(tmp_path, change, fragment):
     bad = record(**change)
 
@@ -182,8 +201,10 @@ def _tensor_file(stem):
     return stem.parent / json.loads((stem.parent / f"{stem.name}.json").read_text())["tensors"]
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "random", "json garbage", "json list", "no tensors",
-                                    "path escape", "missing listed tensor"])
+@pytest.mark.parametrize(
+    "damage",
+    ["truncate", "flip", "random", "json garbage", "json list", "no tensors", "path escape", "missing listed tensor"],
+)
 def test_damaged_cache_entries_are_quarantined_and_missed(tmp_path, capsys, damage):
     stem, _ = _entry(tmp_path)
     tfile, jfile = _tensor_file(stem), stem.parent / "k.json"
@@ -232,8 +253,9 @@ def test_a_planted_legacy_pickle_is_refused_not_run(tmp_path):
     old = tmp_path / "k.pt"
     old.write_bytes(pickle.dumps({"global_state": _Payload(marker)}))
 
-    got = cachefile.load(tmp_path / "k", _decode, quarantine_dir=tmp_path / "q",
-                         legacy=(old, lambda blob: ({}, {"order": {}})))
+    got = cachefile.load(
+        tmp_path / "k", _decode, quarantine_dir=tmp_path / "q", legacy=(old, lambda blob: ({}, {"order": {}}))
+    )
 
     assert got is None and not marker.exists()
     assert (tmp_path / "q" / "k.pt").exists() and not old.exists()

@@ -2,6 +2,7 @@
 caption metrics (bench/caption_metrics.py): task layout and splits, the sliced logits the membership attacks
 read, metrics against hand-computed values, the offline paper loader, and the MaxRényi controls (positive:
 an over-fitted model; negative: the never-trained base model)."""
+
 from __future__ import annotations
 
 import math
@@ -131,8 +132,10 @@ def test_members_nonmembers_test_are_disjoint_same_classes_and_clients_non_iid(s
     hm = np.bincount([it["label"] for it in members], minlength=10)
     hn = np.bincount([it["label"] for it in _items(smoke.nonmembers)], minlength=10)
     assert np.array_equal(hm, hn)  # equal-size stratified slices: identical class histograms
-    tvs = [0.5 * np.abs(np.bincount([it["label"] for it in _items(c)], minlength=10) / len(c) - hm / hm.sum()).sum()
-           for c in smoke.client_data]
+    tvs = [
+        0.5 * np.abs(np.bincount([it["label"] for it in _items(c)], minlength=10) / len(c) - hm / hm.sum()).sum()
+        for c in smoke.client_data
+    ]
     assert max(tvs) > 0.3  # Dirichlet(0.5) over classes
 
 
@@ -140,13 +143,13 @@ def test_prompt_layout_and_collate(smoke, batch):
     lay = smoke.api.build_model().layout
     it = smoke.test_data[0]
     ids, cm = it["input_ids"].tolist(), it["caption_mask"].tolist()
-    assert ids[:lay.image_start] == list(lay.prefix) and ids[lay.image_end:lay.prompt_len] == list(lay.suffix)
-    assert cm[:lay.prompt_len] == [False] * lay.prompt_len and all(cm[lay.prompt_len:]) and ids[-1] == lay.eos_id
+    assert ids[: lay.image_start] == list(lay.prefix) and ids[lay.image_end : lay.prompt_len] == list(lay.suffix)
+    assert cm[: lay.prompt_len] == [False] * lay.prompt_len and all(cm[lay.prompt_len :]) and ids[-1] == lay.eos_id
     assert lay.image_start == smoke.api.caption.image_start and lay.prompt_len == smoke.api.caption.prompt_len
     n = batch["attention_mask"].sum(1)
     assert batch["images"].dtype == torch.float32 and batch["images"].shape[:2] == (6, 3)
     for b in range(6):  # right padding with pad ids, masks off
-        assert batch["input_ids"][b, n[b]:].eq(lay.pad_id).all() and not batch["caption_mask"][b, n[b]:].any()
+        assert batch["input_ids"][b, n[b] :].eq(lay.pad_id).all() and not batch["caption_mask"][b, n[b] :].any()
 
 
 def test_logits_parts_are_the_shifted_slices_of_the_full_forward(smoke, batch):
@@ -161,10 +164,10 @@ def test_logits_parts_are_the_shifted_slices_of_the_full_forward(smoke, batch):
         img, img_t, img_m = smoke.api.logits(model, batch, "image")
         capl, cap_t, cap_m = smoke.api.logits(model, batch, "caption")
     assert img.shape == (B, lay.num_image_tokens, V) and img_t is None and img_m.all()
-    torch.testing.assert_close(img, full[:, lay.image_start:lay.image_end].float(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(img, full[:, lay.image_start : lay.image_end].float(), rtol=1e-4, atol=1e-4)
     s = lay.prompt_len - 1
-    assert capl.shape == (B, T - s - 1, V) and torch.equal(cap_t, batch["input_ids"][:, s + 1:])
-    assert torch.equal(cap_m, batch["caption_mask"][:, s + 1:])
+    assert capl.shape == (B, T - s - 1, V) and torch.equal(cap_t, batch["input_ids"][:, s + 1 :])
+    assert torch.equal(cap_m, batch["caption_mask"][:, s + 1 :])
     torch.testing.assert_close(capl[cap_m], full[:, s:-1][cap_m].float(), rtol=1e-4, atol=1e-4)
     # the loss is the caption-token NLL of [FedRand] Eq. 1, computed here from the full (masked) forward
     tgt = batch["input_ids"][:, 1:].masked_fill(~batch["caption_mask"][:, 1:], -100)
@@ -179,8 +182,9 @@ def test_per_sample_loss_is_consistent_and_padding_free(smoke, batch):
     with torch.no_grad():
         ps = smoke.api.per_sample_loss(model, batch)
         loss = smoke.api.loss(model, batch)
-        alone = torch.stack([smoke.api.per_sample_loss(model, smoke.api.collate([smoke.test_data[i]]))[0]
-                             for i in range(6)])
+        alone = torch.stack(
+            [smoke.api.per_sample_loss(model, smoke.api.collate([smoke.test_data[i]]))[0] for i in range(6)]
+        )
     n_tok = batch["caption_mask"].sum(1).float()
     torch.testing.assert_close((ps * n_tok).sum() / n_tok.sum(), loss, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ps, alone, rtol=1e-4, atol=1e-4)
@@ -194,6 +198,7 @@ def test_build_model_is_deterministic_only_lora_trains_and_equals_the_base(smoke
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     assert any(n.startswith("lm.base_model.model.model.layers.4.") for n in trainable)  # peft naming kept
     from bench.lora_params import lora_pairs
+
     assert len(lora_pairs(trainable)) == 5 * 7
     m1.eval()
     with torch.no_grad():
@@ -210,8 +215,8 @@ def test_visual_tokens_carry_the_image_and_stay_frozen_in_training(smoke, batch)
         a = model(batch["input_ids"], None, batch["images"])
         b = model(batch["input_ids"], None, other)
     lay = model.layout
-    torch.testing.assert_close(a[:, :lay.image_start], b[:, :lay.image_start])  # causal: before the image
-    assert (a[:, lay.image_end:] - b[:, lay.image_end:]).abs().max() > 1e-3
+    torch.testing.assert_close(a[:, : lay.image_start], b[:, : lay.image_start])  # causal: before the image
+    assert (a[:, lay.image_end :] - b[:, lay.image_end :]).abs().max() > 1e-3
     model.train()
     assert not model.encoder.training and not any(p.requires_grad for p in model.encoder.parameters())
     assert not any(p.requires_grad for p in model.projector.parameters())
@@ -240,11 +245,23 @@ def test_a_federated_projector_is_shared_and_dp_fedlora_says_why_it_does_not_app
     tok = vlm.word_tokenizer(vlm.prompt_words() + caption_words())
     layout = vlm.make_layout(tok, 4, llm.pad_id(tok))
     lora = dict(r=4, alpha=8, dropout=0.0, targets=("q_proj", "v_proj"))
-    model = vlm.build_vlm(vlm.TinyCNN(0), llm.tiny_llama(tok, 0, hidden=32, layers=2), layout, side=2,
-                          projector_state=None, lora=lora, seed=0, train_projector=True)
+    model = vlm.build_vlm(
+        vlm.TinyCNN(0),
+        llm.tiny_llama(tok, 0, hidden=32, layers=2),
+        layout,
+        side=2,
+        projector_state=None,
+        lora=lora,
+        seed=0,
+        train_projector=True,
+    )
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     assert {n for n in names if not (".lora_A." in n or ".lora_B." in n)} == {
-        "projector.0.weight", "projector.0.bias", "projector.2.weight", "projector.2.bias"}
+        "projector.0.weight",
+        "projector.0.bias",
+        "projector.2.weight",
+        "projector.2.bias",
+    }
     with pytest.raises(NotApplicable, match="projector"):
         DPFedLoRA().setup(model, None)
 
@@ -256,8 +273,14 @@ def test_utility_reports_caption_metrics_and_a_perfect_captioner_scores_full_mar
     assert all(np.isfinite(v) for v in u.values())
     assert abs(u["test_loss"] - math.log(smoke.api.tokens.vocab_size)) < 2.0  # a random model: near uniform
     items = _items(smoke.test_data)[:8]
-    oracle = make_caption_utility(items, smoke.api.collate, loss_fn=vlm.caption_nll, gen_items=8, batch_size=3,
-                                  generate=lambda m, b: [items[i]["caption"] for i in _index_of(items, b)])
+    oracle = make_caption_utility(
+        items,
+        smoke.api.collate,
+        loss_fn=vlm.caption_nll,
+        gen_items=8,
+        batch_size=3,
+        generate=lambda m, b: [items[i]["caption"] for i in _index_of(items, b)],
+    )
     perfect = oracle(model)
     assert perfect["bleu4"] == pytest.approx(100.0) and perfect["class_acc"] == 1.0 and perfect["rotation_acc"] == 1.0
 
@@ -296,7 +319,7 @@ def _overfit(smoke, items, *, epochs: int, lr: float = 5e-3, seed: int = 0):
     for _ in range(epochs):
         perm = torch.randperm(len(items), generator=g).tolist()
         for s in range(0, len(items), 8):
-            loss = smoke.api.loss(model, smoke.api.collate([items[i] for i in perm[s:s + 8]]))
+            loss = smoke.api.loss(model, smoke.api.collate([items[i] for i in perm[s : s + 8]]))
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -310,7 +333,7 @@ def _max_renyi(smoke, model, mem, non):
 
 def test_max_renyi_positive_control_model_overfit_on_one_client(smoke):
     mem = _items(smoke.client_data[0])
-    non = _items(smoke.nonmembers)[:len(mem)]
+    non = _items(smoke.nonmembers)[: len(mem)]
     model = _overfit(smoke, mem, epochs=12)  # one client's 12 epochs of the smoke preset, without averaging
     sc, a = _max_renyi(smoke, model, mem, non)
     assert sc.primary == "maxrenyi_K10_a0.5_caption"
@@ -322,8 +345,13 @@ def test_max_renyi_negative_control_base_model_at_chance_on_both_slices(smoke):
     mem = [it for c in smoke.client_data for it in _items(c)]
     non = _items(smoke.nonmembers)
     _, a = _max_renyi(smoke, model, mem, non)
-    for name in ("maxrenyi_K10_a0.5_caption", "maxrenyi_K0_a0.5_caption", "maxrenyi_K10_a0.5_image",
-                 "maxrenyi_K0_a0.5_image", "loss_caption"):
+    for name in (
+        "maxrenyi_K10_a0.5_caption",
+        "maxrenyi_K0_a0.5_caption",
+        "maxrenyi_K10_a0.5_image",
+        "maxrenyi_K0_a0.5_image",
+        "loss_caption",
+    ):
         assert abs(a[name] - 0.5) <= 0.1, (name, a[name])
 
 
@@ -334,8 +362,13 @@ def test_max_renyi_states_each_slice_token_count(smoke):
     n_image = smoke.api.caption.num_image_tokens
     assert sc.details["slice_tokens"] == {
         "image": {"mean": float(n_image), "min": float(n_image), "max": float(n_image), "candidates": 6},
-        "caption": {"mean": float(np.mean(caption)), "min": float(min(caption)), "max": float(max(caption)),
-                    "candidates": 6}}
+        "caption": {
+            "mean": float(np.mean(caption)),
+            "min": float(min(caption)),
+            "max": float(max(caption)),
+            "candidates": 6,
+        },
+    }
 
 
 def test_membership_record_carries_the_slice_token_counts_and_stays_valid(smoke):
@@ -369,8 +402,13 @@ def test_projector_cache_key_changes_with_the_visual_grid_and_encoder_size():
     from bench.scenarios.vlm_caption import SPECS, effnet_smollm2_name, projector_spec
 
     def key(q):
-        return vlm.projector_key(projector_spec(q, effnet_smollm2_name(q)), steps=q.projector_steps,
-                                 batch_size=q.projector_batch, lr=q.projector_lr, seed=q.data_seed)
+        return vlm.projector_key(
+            projector_spec(q, effnet_smollm2_name(q)),
+            steps=q.projector_steps,
+            batch_size=q.projector_batch,
+            lr=q.projector_lr,
+            seed=q.data_seed,
+        )
 
     p = SPECS["default"]
     assert key(p) == key(replace(p, lora_r=4, max_membership=8))  # the FL budget does not re-align
@@ -392,7 +430,7 @@ def test_max_renyi_positive_control_fedavg_client_model(smoke):
     model = smoke.api.build_model()
     load_state(model, client_model_state(res.global_state, res.client_latest[k]))
     mem = _items(smoke.client_data[k])
-    non = _items(smoke.nonmembers)[:len(mem)]
+    non = _items(smoke.nonmembers)[: len(mem)]
     _, a = _max_renyi(smoke, model.eval(), mem, non)
     print({k: round(v, 3) for k, v in a.items() if k.startswith("maxrenyi_K10_a0.5") or k == "loss_caption"})
     assert a["maxrenyi_K10_a0.5_caption"] >= 0.8 and a["loss_caption"] >= 0.9, a
@@ -445,8 +483,14 @@ def test_default_fedavg_model_names_the_class_of_held_out_images():
     (task,) = build("default")
     model, _ = run_federated(task, FedAvg(), seed=0)
     items = _items(task.test_data)  # all 128 held-out images (the utility captions 48)
-    utility = make_caption_utility(items, task.api.collate, generate=task.api.caption.generate, loss_fn=vlm.caption_nll,
-                                   gen_items=len(items), batch_size=16)
+    utility = make_caption_utility(
+        items,
+        task.api.collate,
+        generate=task.api.caption.generate,
+        loss_fn=vlm.caption_nll,
+        gen_items=len(items),
+        batch_size=16,
+    )
     u = utility(model.eval())
     print({k: round(v, 3) for k, v in u.items()})  # measured (seed 0, 48 images): class 0.40, tint 0.54
     assert u["class_acc"] >= 0.25, u  # chance: 0.1 over 10 balanced classes
@@ -457,30 +501,49 @@ def test_default_fedavg_model_names_the_class_of_held_out_images():
 # the [FedRand] Table 4 view
 
 
-def _record(defense: str, label: str, params: dict, view: str, seed: int, k10_caption: float,
-            status: str = "ok") -> dict:
+def _record(
+    defense: str, label: str, params: dict, view: str, seed: int, k10_caption: float, status: str = "ok"
+) -> dict:
     rng = np.random.default_rng(seed)
     member = [1] * 20 + [0] * 20
     score = (np.array(member) * 2.0 + rng.normal(size=40)).tolist()
-    variants = {f"maxrenyi_K{k}_a0.5_{p}": {"auroc": v} for k, p, v in
-                ((0, "image", 0.51), (0, "caption", 0.61), (10, "image", 0.52), (10, "caption", k10_caption))}
-    return {"scenario": "vlm-caption", "task": "vlm-caption", "preset": "smoke", "defense": defense,
-            "defense_label": label, "defense_params": params, "attack": "max_renyi", "attack_label": "max_renyi",
-            "attack_params": {}, "attack_kind": "membership", "view": view, "seed": seed, "status": status,
-            "reason": "x" if status != "ok" else "",
-            "cell_id": f"{label}-{view}-{seed}", "primary": "maxrenyi_K10_a0.5_caption",
-            "metrics": {"auroc": {"value": k10_caption, "ci_low": 0.0, "ci_high": 1.0}}, "variants": variants,
-            "per_candidate": {"member": member, "score": score},
-            "utility": {"bleu1": 50.0 + seed, "cider": 80.0, "client_cider": 70.0}}
+    variants = {
+        f"maxrenyi_K{k}_a0.5_{p}": {"auroc": v}
+        for k, p, v in ((0, "image", 0.51), (0, "caption", 0.61), (10, "image", 0.52), (10, "caption", k10_caption))
+    }
+    return {
+        "scenario": "vlm-caption",
+        "task": "vlm-caption",
+        "preset": "smoke",
+        "defense": defense,
+        "defense_label": label,
+        "defense_params": params,
+        "attack": "max_renyi",
+        "attack_label": "max_renyi",
+        "attack_params": {},
+        "attack_kind": "membership",
+        "view": view,
+        "seed": seed,
+        "status": status,
+        "reason": "x" if status != "ok" else "",
+        "cell_id": f"{label}-{view}-{seed}",
+        "primary": "maxrenyi_K10_a0.5_caption",
+        "metrics": {"auroc": {"value": k10_caption, "ci_low": 0.0, "ci_high": 1.0}},
+        "variants": variants,
+        "per_candidate": {"member": member, "score": score},
+        "utility": {"bleu1": 50.0 + seed, "cider": 80.0, "client_cider": 70.0},
+    }
 
 
 def test_table4_puts_measured_scores_beside_the_reported_numbers():
     from bench.report.table4 import markdown, table4
 
     recs = [_record("fedavg", "fedavg", {}, "global_model", s, 0.7) for s in (0, 1)]
-    recs += [_record("fedavg", "fedavg", {}, "client_model", 0, 0.9),
-             _record("fedrand", "fedrand(rho=0.3)", {"rho": 0.3}, "global_model", 0, 0.6),  # not the paper's row
-             _record("flrsp", "flrsp(R=0.8)", {"R": 0.8}, "global_model", 0, 0.55)]
+    recs += [
+        _record("fedavg", "fedavg", {}, "client_model", 0, 0.9),
+        _record("fedrand", "fedrand(rho=0.3)", {"rho": 0.3}, "global_model", 0, 0.6),  # not the paper's row
+        _record("flrsp", "flrsp(R=0.8)", {"R": 0.8}, "global_model", 0, 0.55),
+    ]
     df = table4(recs).set_index("method")
     server, client = df.loc["FedAvg (server)"], df.loc["FedAvg (client)"]
     assert server.n_seeds == 2 and server["MaxRenyi-0% caption"] == pytest.approx(61.0)  # mean over seeds, percent

@@ -1,4 +1,5 @@
 """A toy image-classification task and toy attacks for harness tests (not registered globally)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,26 +37,44 @@ def toy_task(n: int = 96, rounds: int = 2, seed: int = 0, lr: float = 0.05) -> T
     x = torch.randn(n, 3, 8, 8, generator=g)
     y = torch.randint(0, 4, (n,), generator=g)
     items = list(zip(x, y.tolist()))
-    train, non, test = items[: n // 2], items[n // 2: 3 * n // 4], items[3 * n // 4:]
+    train, non, test = items[: n // 2], items[n // 2 : 3 * n // 4], items[3 * n // 4 :]
     parts = split_clients([t[1] for t in train], 3, None, seed)
-    api = TaskAPI(name="toy", family="image-cls", arch="mlp", loss=_loss, per_sample_loss=_per_sample, collate=_collate,
-                  build_model=_model, image=ImageSpec(input_shape=(3, 8, 8), num_classes=4, mean=(0.5,) * 3,
-                                                      std=(0.25,) * 3))
+    api = TaskAPI(
+        name="toy",
+        family="image-cls",
+        arch="mlp",
+        loss=_loss,
+        per_sample_loss=_per_sample,
+        collate=_collate,
+        build_model=_model,
+        image=ImageSpec(input_shape=(3, 8, 8), num_classes=4, mean=(0.5,) * 3, std=(0.25,) * 3),
+    )
 
     def utility(model):
         xb, yb = _collate(test)
         with torch.no_grad():
             return {"accuracy": float((model(xb).argmax(1) == yb).float().mean())}
 
-    return Task(scenario="toy", variant="mlp", preset="smoke", api=api,
-                fl=FLConfig(num_clients=3, clients_per_round=3, rounds=rounds, local_epochs=2, batch_size=8, lr=lr),
-                client_data=[[train[i] for i in p] for p in parts], test_data=test, utility=utility,
-                nonmembers=non, recon_targets=train[:2], max_membership=16, config={"n": n, "seed": seed})
+    return Task(
+        scenario="toy",
+        variant="mlp",
+        preset="smoke",
+        api=api,
+        fl=FLConfig(num_clients=3, clients_per_round=3, rounds=rounds, local_epochs=2, batch_size=8, lr=lr),
+        client_data=[[train[i] for i in p] for p in parts],
+        test_data=test,
+        utility=utility,
+        nonmembers=non,
+        recon_targets=train[:2],
+        max_membership=16,
+        config={"n": n, "seed": seed},
+    )
 
 
 @dataclass
 class ToyLossMIA(Attack):
     """Loss threshold: higher score for lower loss."""
+
     name = "toy_loss"
     views = ("global_model", "client_model", "released_model")
     kind = "membership"
@@ -69,6 +88,7 @@ class ToyLossMIA(Attack):
 @dataclass
 class ToyMeanRecon(Attack):
     """Returns a constant image: a reconstruction attack with nothing learned."""
+
     name = "toy_recon"
     views = ("client_update",)
     kind = "reconstruction"

@@ -7,6 +7,7 @@ still holds at 95%. The claim is the composed epsilon without amplification when
 honest-but-curious server's), else the composed one; a claim below the bound means a bug or a wrong
 accounting.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,13 @@ def claimed_epsilon(recs: Sequence[dict]) -> float | None:
 def row_audit(recs: Sequence[dict]) -> dict[str, Any] | None:
     """Claimed epsilon, audited lower bound (strongest cell), its attack/view/seed, and the violation flag;
     None when the row has no membership cell with per-candidate scores."""
-    cells = [r for r in recs if r.get("status") == "ok" and r.get("attack_kind") == "membership"
-             and (r.get("per_candidate") or {}).get("score")]
+    cells = [
+        r
+        for r in recs
+        if r.get("status") == "ok"
+        and r.get("attack_kind") == "membership"
+        and (r.get("per_candidate") or {}).get("score")
+    ]
     if not cells:
         return None
     k = len(cells)
@@ -49,8 +55,13 @@ def row_audit(recs: Sequence[dict]) -> dict[str, Any] | None:
     where: str | None = None
     for r in sorted(cells, key=lambda r: (r["attack_label"], r["view"], r["seed"])):
         pc = r["per_candidate"]
-        b = epsilon_lower_bound(pc["score"], pc["member"], delta=audit_delta((r.get("privacy") or {}).get("delta")),
-                                confidence=CONFIDENCE, tests=k)
+        b = epsilon_lower_bound(
+            pc["score"],
+            pc["member"],
+            delta=audit_delta((r.get("privacy") or {}).get("delta")),
+            confidence=CONFIDENCE,
+            tests=k,
+        )
         if best is None or b.value > best.value:
             best, where = b, f"{r['attack_label']}/{r['view']} seed {r['seed']}"
     assert best is not None  # cells is not empty
@@ -58,8 +69,15 @@ def row_audit(recs: Sequence[dict]) -> dict[str, Any] | None:
         where = "-"  # no cell shows any leakage at this confidence
     claimed = claimed_epsilon(recs)
     violation = claimed is not None and math.isfinite(claimed) and claimed < best.value
-    return {"claimed": claimed, "lower_bound": best.value, "attack": where, "confidence": best.confidence,
-            "delta": best.delta, "n_cells": k, "violation": bool(violation)}
+    return {
+        "claimed": claimed,
+        "lower_bound": best.value,
+        "attack": where,
+        "confidence": best.confidence,
+        "delta": best.delta,
+        "n_cells": k,
+        "violation": bool(violation),
+    }
 
 
 def tightness(audit: dict[str, Any]) -> str:
@@ -84,8 +102,18 @@ def dp_rows(table, scenario: str) -> list[dict[str, Any]]:
         if c is None or lb is None:
             continue
         au = {"claimed": c, "lower_bound": lb, "violation": bool(r.get("dp_violation") is True)}
-        out.append({"scenario": scenario, "preset": r.preset, "task": r.task, "defense": r.defense,
-                    "claimed": c, "lower_bound": lb, "attack": r.get("privacy.epsilon_lower_bound.attack"),
-                    "delta": r.get("privacy.epsilon_lower_bound.delta"), "violation": au["violation"],
-                    "tightness": tightness(au)})
+        out.append(
+            {
+                "scenario": scenario,
+                "preset": r.preset,
+                "task": r.task,
+                "defense": r.defense,
+                "claimed": c,
+                "lower_bound": lb,
+                "attack": r.get("privacy.epsilon_lower_bound.attack"),
+                "delta": r.get("privacy.epsilon_lower_bound.delta"),
+                "violation": au["violation"],
+                "tightness": tightness(au),
+            }
+        )
     return out

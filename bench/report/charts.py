@@ -1,6 +1,7 @@
 """Chart primitives of the leaderboards (matplotlib, Agg): log-scale ROC curves (Carlini et al. 2022), the
 privacy-utility trade-off ([FedRand] Fig. 2), distributions ([FLRSP] Fig. 12), communication bars
 ([FedRand] Fig. 3) and curves."""
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,12 @@ from ..figures import save_figure  # noqa: E402
 FPR_GRID = np.logspace(-3, 0, 200)
 
 
-def save_roc(curves: Mapping[str, tuple[Sequence[float] | np.ndarray, Sequence[float] | np.ndarray]], path: Path, *,
-             title: str = "") -> str:
+def save_roc(
+    curves: Mapping[str, tuple[Sequence[float] | np.ndarray, Sequence[float] | np.ndarray]],
+    path: Path,
+    *,
+    title: str = "",
+) -> str:
     """Log-scale ROC curves (Carlini et al. 2022 style), one line per label."""
     fig, ax = plt.subplots(figsize=(4.6, 4.2))
     fig.subplots_adjust(left=0.15, right=0.97, bottom=0.12, top=0.91)
@@ -60,8 +65,9 @@ def save_tradeoff(panels: list[dict], path: Path, *, title: str = "") -> str:
     cols = min(3, n)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.8 * rows), squeeze=False)
-    fig.subplots_adjust(left=0.08 / cols ** 0.5, right=0.98, bottom=0.12 / rows, top=1 - 0.12 / rows, wspace=0.3,
-                        hspace=0.45)
+    fig.subplots_adjust(
+        left=0.08 / cols**0.5, right=0.98, bottom=0.12 / rows, top=1 - 0.12 / rows, wspace=0.3, hspace=0.45
+    )
     for ax, p in zip(axes.flat, panels):
         for pt in p["points"]:
             xerr = [[pt["x"] - pt["xlo"]], [pt["xhi"] - pt["x"]]] if not math.isnan(pt["xlo"]) else None
@@ -80,8 +86,9 @@ def save_tradeoff(panels: list[dict], path: Path, *, title: str = "") -> str:
     return save_figure(fig, path)
 
 
-def save_distributions(data: Mapping[str, Sequence[float]], path: Path, *, xlabel: str, title: str = "",
-                       ref: float | None = None) -> str:
+def save_distributions(
+    data: Mapping[str, Sequence[float]], path: Path, *, xlabel: str, title: str = "", ref: float | None = None
+) -> str:
     """Per-defense distributions (box + points), e.g. per-image SSIM as [FLRSP] Fig. 12."""
     labels = list(data)
     fig, ax = plt.subplots(figsize=(6, 0.45 * len(labels) + 1.4))
@@ -99,8 +106,9 @@ def save_distributions(data: Mapping[str, Sequence[float]], path: Path, *, xlabe
     return save_figure(fig, path)
 
 
-def save_bars(values: dict[str, tuple[float, float]], path: Path, *, xlabel: str, title: str = "",
-              ref: float | None = None) -> str:
+def save_bars(
+    values: dict[str, tuple[float, float]], path: Path, *, xlabel: str, title: str = "", ref: float | None = None
+) -> str:
     """Stacked horizontal bars (up, down) per label, e.g. communication per round ([FedRand] Fig. 3)."""
     labels = list(values)
     up = np.array([values[k][0] for k in labels])
@@ -121,8 +129,15 @@ def save_bars(values: dict[str, tuple[float, float]], path: Path, *, xlabel: str
     return save_figure(fig, path)
 
 
-def save_curves(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], path: Path, *, xlabel: str,
-                ylabel: str, title: str = "", logy: bool = False) -> str:
+def save_curves(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    path: Path,
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    logy: bool = False,
+) -> str:
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
     fig.subplots_adjust(left=0.14, right=0.97, bottom=0.13, top=0.91)
     for name, (x, y) in series.items():

@@ -12,6 +12,7 @@ holds. Verdict of a claim per scenario and preset: ``not measured`` (no records 
 clause is inconclusive and none contradicted; ``contradicted`` if any clause is; ``holds`` if all do; a DP
 claim whose composed epsilon exceeds ``MEANINGFUL_EPSILON`` only ``holds only nominally``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -79,16 +80,28 @@ def evaluate(res: Results) -> list[dict]:
                 else:
                     note = ""
                 tasks = sorted({t for cl in clauses for t in cl.get("tasks", ())})
-                failed = [f"{t}: {res.control_text(preset, t)}" for t in tasks
-                          if res.control_text(preset, t).startswith("failed")]
+                failed = [
+                    f"{t}: {res.control_text(preset, t)}"
+                    for t in tasks
+                    if res.control_text(preset, t).startswith("failed")
+                ]
                 v = verdict(clauses, control_failed="; ".join(failed))
                 evidence = "; ".join(x["text"] for x in clauses) or note or "no records of the cells this claim needs"
                 if failed and v == INCONC:
                     evidence = "baseline fails its positive control (" + "; ".join(failed) + "). " + evidence
                 effects = [cl for cl in clauses if "effect" in cl]
-                out.append({"paper": c["paper"], "claim": c["claim"], "scenario": scenario, "preset": preset or "-",
-                            "verdict": v, "effect": "; ".join(sorted({f"{x['effect']:.3g}" for x in effects})),
-                            "mde": "; ".join(f"{x['mde']:.3g}" for x in effects), "evidence": evidence})
+                out.append(
+                    {
+                        "paper": c["paper"],
+                        "claim": c["claim"],
+                        "scenario": scenario,
+                        "preset": preset or "-",
+                        "verdict": v,
+                        "effect": "; ".join(sorted({f"{x['effect']:.3g}" for x in effects})),
+                        "mde": "; ".join(f"{x['mde']:.3g}" for x in effects),
+                        "evidence": evidence,
+                    }
+                )
     return out
 
 
@@ -98,25 +111,43 @@ def markdown(rows: list[dict], audits: list[dict] | None = None) -> str:
 
     from .markdown import md_escape
 
-    parts = ["# Claims from the papers, measured by the suite", "",
-             "Verdicts come from the suite's own records and 95% intervals, per scenario and preset; reported "
-             "numbers never enter them (see `reported_vs_measured.csv`). " + " ".join(__doc__.split("\n\n")[1].split()),
-             ""]
+    parts = [
+        "# Claims from the papers, measured by the suite",
+        "",
+        "Verdicts come from the suite's own records and 95% intervals, per scenario and preset; reported "
+        "numbers never enter them (see `reported_vs_measured.csv`). " + " ".join(__doc__.split("\n\n")[1].split()),
+        "",
+    ]
     if rows:
-        parts.append(tabulate([[md_escape(r[c]) for c in COLUMNS] for r in rows], headers=COLUMNS, tablefmt="github",
-                              disable_numparse=True))
+        parts.append(
+            tabulate(
+                [[md_escape(r[c]) for c in COLUMNS] for r in rows],
+                headers=COLUMNS,
+                tablefmt="github",
+                disable_numparse=True,
+            )
+        )
     if audits:
         cols = ["scenario", "preset", "task", "defense", "tightness", "attack", "delta"]
         bad = [a for a in audits if a["violation"]]
         parts += ["", "## DP claims audited (claimed epsilon / empirical lower bound)", ""]
-        parts += [f"> **DP VIOLATION: {md_escape(a['task'])} {md_escape(a['defense'])}: {md_escape(a['tightness'])}**"
-                  for a in bad] + ([""] if bad else [])
-        parts += ["The claim is the composed epsilon (without amplification where recorded); the bound is the "
-                  "strongest membership cell's (Jagielski et al., NeurIPS 2020; 95%, Bonferroni over thresholds and "
-                  "cells). A ratio near 1 is a tight claim; a large ratio means the attacks are far from the "
-                  "worst case the accounting covers (not that the claim is loose).", "",
-                  tabulate([[md_escape(a[c]) for c in cols] for a in audits], headers=cols, tablefmt="github",
-                           disable_numparse=True)]
+        parts += [
+            f"> **DP VIOLATION: {md_escape(a['task'])} {md_escape(a['defense'])}: {md_escape(a['tightness'])}**"
+            for a in bad
+        ] + ([""] if bad else [])
+        parts += [
+            "The claim is the composed epsilon (without amplification where recorded); the bound is the "
+            "strongest membership cell's (Jagielski et al., NeurIPS 2020; 95%, Bonferroni over thresholds and "
+            "cells). A ratio near 1 is a tight claim; a large ratio means the attacks are far from the "
+            "worst case the accounting covers (not that the claim is loose).",
+            "",
+            tabulate(
+                [[md_escape(a[c]) for c in cols] for a in audits],
+                headers=cols,
+                tablefmt="github",
+                disable_numparse=True,
+            ),
+        ]
     return "\n".join(parts) + "\n"
 
 
@@ -124,49 +155,82 @@ def markdown(rows: list[dict], audits: list[dict] | None = None) -> str:
 # the claims
 
 
-@claim("papers/003 FLRSP", ("image-cls",),
-       "FLRSP gives lower reconstruction SSIM than standard FL (FedSGD / FedAvg) at comparable accuracy")
+@claim(
+    "papers/003 FLRSP",
+    ("image-cls",),
+    "FLRSP gives lower reconstruction SSIM than standard FL (FedSGD / FedAvg) at comparable accuracy",
+)
 def flrsp_claim(res: Results, scenario: str, preset: str) -> list[dict]:
-    labels = sorted({r["defense_label"] for r in res.select(scenario=scenario, preset=preset, status=None)
-                     if r["defense"] == "flrsp"})
+    labels = sorted(
+        {
+            r["defense_label"]
+            for r in res.select(scenario=scenario, preset=preset, status=None)
+            if r["defense"] == "flrsp"
+        }
+    )
     out = []
     for lab in labels:
-        params = lab[lab.find("(") + 1:-1].replace(",", ":") if "(" in lab else ""
+        params = lab[lab.find("(") + 1 : -1].replace(",", ":") if "(" in lab else ""
         spec = "flrsp" + (":" + params if params else "")
         ref = "fedsgd" if "form=fedsgd" in lab else "fedavg"
-        for c in leakage_comparisons(res, scenario, preset, spec, ref, views=("client_update",), kind="reconstruction",
-                                     effect=DEFAULT_SSIM_EFFECT):
+        for c in leakage_comparisons(
+            res,
+            scenario,
+            preset,
+            spec,
+            ref,
+            views=("client_update",),
+            kind="reconstruction",
+            effect=DEFAULT_SSIM_EFFECT,
+        ):
             out.append({**c, "text": f"{lab}: {c['text']}"})
     return out
 
 
-@claim("papers/000 FedRand", ("llm-text", "vlm-caption"),
-       "FedRand's reconstructed client models leak less to MaxRényi-K% membership inference than FedAvg's "
-       "(client view) at comparable utility")
+@claim(
+    "papers/000 FedRand",
+    ("llm-text", "vlm-caption"),
+    "FedRand's reconstructed client models leak less to MaxRényi-K% membership inference than FedAvg's "
+    "(client view) at comparable utility",
+)
 def fedrand_claim(res: Results, scenario: str, preset: str) -> list[dict]:
-    return leakage_comparisons(res, scenario, preset, "fedrand", "fedavg", views=("client_model",),
-                               attack_prefix="max_renyi", effect=FEDRAND_EFFECT)
+    return leakage_comparisons(
+        res,
+        scenario,
+        preset,
+        "fedrand",
+        "fedavg",
+        views=("client_model",),
+        attack_prefix="max_renyi",
+        effect=FEDRAND_EFFECT,
+    )
 
 
 def _near_chance(res: Results, task: str, alabel: str, view: str, recs: list[dict], metric: str) -> dict:
     e = res.metric(recs, metric)
     head = f"{task} {alabel}/{view}: smp_lora {metric}"
     if e is None:
-        return {"verdict": NOT_MEASURED, "tasks": (task,),
-                "text": f"{head} not measured" + (" (only the oracle-threshold ASR, which is optimistic, is recorded)"
-                                                   if metric == "asr_aux" else "")}
+        return {
+            "verdict": NOT_MEASURED,
+            "tasks": (task,),
+            "text": f"{head} not measured"
+            + (" (only the oracle-threshold ASR, which is optimistic, is recorded)" if metric == "asr_aux" else ""),
+        }
     dist = abs(e.value - 0.5)
     far = e.has_ci() and min(abs(e.lo - 0.5), abs(e.hi - 0.5)) > NEAR_CHANCE and not e.lo <= 0.5 <= e.hi
     v = HOLDS if dist <= NEAR_CHANCE else (CONTRA if far else INCONC)
     return {"verdict": v, "tasks": (task,), "text": f"{head} {e.fmt()} (near 0.5 = within {NEAR_CHANCE}) -> {v}"}
 
 
-@claim("papers/004 SMP-LoRA", ("ldm-t2i",),
-       "SMP-LoRA brings membership ASR and AUC near 0.5 (less leakage than LoRA) with a smaller utility loss "
-       "than MP-LoRA")
+@claim(
+    "papers/004 SMP-LoRA",
+    ("ldm-t2i",),
+    "SMP-LoRA brings membership ASR and AUC near 0.5 (less leakage than LoRA) with a smaller utility loss than MP-LoRA",
+)
 def smp_lora_claim(res: Results, scenario: str, preset: str) -> list[dict]:
-    out = leakage_comparisons(res, scenario, preset, "smp_lora", "lora", views=("released_model",),
-                              util_rule="none", effect=SMP_LORA_EFFECT)
+    out = leakage_comparisons(
+        res, scenario, preset, "smp_lora", "lora", views=("released_model",), util_rule="none", effect=SMP_LORA_EFFECT
+    )
     for (task, alabel, view), recs in sorted(_cells(res, scenario, preset, "smp_lora", kind="membership").items()):
         for metric in ("auroc", "asr_aux"):  # ASR calibrated on the attacker's data, never the oracle threshold
             out.append(_near_chance(res, task, alabel, view, recs, metric))
@@ -183,9 +247,14 @@ def smp_lora_claim(res: Results, scenario: str, preset: str) -> list[dict]:
                 continue
             d = differs(us, um) * (1 if lower else -1)  # -1: smp_lora better, separated by the intervals
             v = HOLDS if d == -1 else (CONTRA if d == 1 else INCONC)
-            out.append({"verdict": v, "tasks": (task,),
-                        "text": f"{task} utility {uk}: smp_lora {us.fmt()} vs mp_lora {um.fmt()} -> {v}"
-                                + ("" if d else " (not separated by intervals over seeds)")})
+            out.append(
+                {
+                    "verdict": v,
+                    "tasks": (task,),
+                    "text": f"{task} utility {uk}: smp_lora {us.fmt()} vs mp_lora {um.fmt()} -> {v}"
+                    + ("" if d else " (not separated by intervals over seeds)"),
+                }
+            )
     return out
 
 
@@ -194,9 +263,12 @@ def _epsilon(recs: list[dict], key: str) -> float | None:
     return vals[-1] if vals else None
 
 
-@claim("papers/002 DP-FedLoRA", ("llm-text",),
-       "DP-FedLoRA gives a formal (epsilon, delta) guarantee and less membership leakage than FedAvg "
-       "with a modest utility loss")
+@claim(
+    "papers/002 DP-FedLoRA",
+    ("llm-text",),
+    "DP-FedLoRA gives a formal (epsilon, delta) guarantee and less membership leakage than FedAvg "
+    "with a modest utility loss",
+)
 def dp_fedlora_claim(res: Results, scenario: str, preset: str) -> list[dict]:
     recs = res.select(scenario=scenario, preset=preset, defense="dp_fedlora")
     if not recs:
@@ -206,14 +278,25 @@ def dp_fedlora_claim(res: Results, scenario: str, preset: str) -> list[dict]:
     no_amp = _epsilon(recs, "epsilon_composed_no_amplification")
     judged = no_amp if no_amp is not None else comp
     if eps is None or judged is None:
-        out: list[dict[str, Any]] = [{"verdict": CONTRA, "tasks": tasks,
-                                      "text": "dp_fedlora records no (composed) epsilon"}]
+        out: list[dict[str, Any]] = [
+            {"verdict": CONTRA, "tasks": tasks, "text": "dp_fedlora records no (composed) epsilon"}
+        ]
     else:
         meaningful = judged <= MEANINGFUL_EPSILON
-        txt = (f"dp_fedlora epsilon per release {eps:.3g}, composed over all rounds {comp:.3g}"
-               + (f", without sampling amplification {no_amp:.3g}" if no_amp is not None else "")
-               + f": {'meaningful' if meaningful else 'only nominal'} (meaningful: composed <= {MEANINGFUL_EPSILON:g})")
+        txt = (
+            f"dp_fedlora epsilon per release {eps:.3g}, composed over all rounds {comp:.3g}"
+            + (f", without sampling amplification {no_amp:.3g}" if no_amp is not None else "")
+            + f": {'meaningful' if meaningful else 'only nominal'} (meaningful: composed <= {MEANINGFUL_EPSILON:g})"
+        )
         out = [{"verdict": HOLDS, "nominal": not meaningful, "tasks": tasks, "text": txt}]
-    out += leakage_comparisons(res, scenario, preset, "dp_fedlora", "fedavg", views=("global_model", "client_model"),
-                               util_rule="modest", effect=DEFAULT_AUROC_EFFECT)
+    out += leakage_comparisons(
+        res,
+        scenario,
+        preset,
+        "dp_fedlora",
+        "fedavg",
+        views=("global_model", "client_model"),
+        util_rule="modest",
+        effect=DEFAULT_AUROC_EFFECT,
+    )
     return out

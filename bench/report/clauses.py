@@ -2,6 +2,7 @@
 measured``): a leakage clause from a paired difference and the claimed effect (with the minimum detectable effect),
 a utility clause from a stated tolerance, with utility collapse (perplexity above 10x the reference's, accuracy at
 chance) never holding. See ``bench.report.claims`` for how clauses make a claim's verdict."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,14 @@ from .results import Results
 from .stats import Estimate
 
 # "comparable utility": tolerated loss, absolute for accuracy-like metrics in [0, 1], else relative
-TOLERANCE = {"accuracy": ("abs", 0.05), "test_loss": ("rel", 0.05), "perplexity": ("rel", 0.10),
-             "cider": ("rel", 0.05), "fid": ("rel", 0.10), "kid": ("rel", 0.10)}
+TOLERANCE = {
+    "accuracy": ("abs", 0.05),
+    "test_loss": ("rel", 0.05),
+    "perplexity": ("rel", 0.10),
+    "cider": ("rel", 0.05),
+    "fid": ("rel", 0.10),
+    "kid": ("rel", 0.10),
+}
 MODEST = 0.20  # [DP-FedLoRA]: "modest" utility loss = at most 20% relative (its Table I: +18% training loss)
 NEAR_CHANCE = 0.10  # [SMP-LoRA]: "near 0.5" = within 0.1 of 0.5
 UTILITY_PREFERENCE = ("accuracy", "cider", "test_loss", "perplexity", "fid", "kid")
@@ -27,8 +34,6 @@ SMP_LORA_EFFECT = 0.295  # [SMP-LoRA] Table 1 (Pokemon): |AUC-0.5|/0.5 0.73 (LoR
 DEFAULT_AUROC_EFFECT = 0.05  # smallest effect of interest where the paper states no size ([DP-FedLoRA])
 DEFAULT_SSIM_EFFECT = 0.10  # [FLRSP] gives directions only (Fig. 12)
 HOLDS, CONTRA, INCONC, NOT_MEASURED = "holds", "contradicted", "inconclusive", "not measured"
-
-
 
 
 def utility_name(key: str) -> str | None:
@@ -44,8 +49,9 @@ def main_utility(res: Results, recs: list[dict]) -> str:
         hit = next((k for k in keys if utility_name(k) == u and not k.endswith("_std")), None)
         if hit:
             return hit
-    raise KeyError(f"no utility among {list(UTILITY_PREFERENCE)} (or their _<variant> forms) in the records' keys "
-                   f"{keys}")
+    raise KeyError(
+        f"no utility among {list(UTILITY_PREFERENCE)} (or their _<variant> forms) in the records' keys {keys}"
+    )
 
 
 def _worse(mine: Estimate, ref: Estimate, key: str) -> float:
@@ -64,8 +70,9 @@ def relative_loss(mine: Estimate, ref: Estimate, key: str) -> float:
 
 
 def _chance(recs: list[dict]) -> float:
-    n = next(((r.get("utility") or {}).get("num_classes") for r in recs if (r.get("utility") or {}).get("num_classes")),
-             None)
+    n = next(
+        ((r.get("utility") or {}).get("num_classes") for r in recs if (r.get("utility") or {}).get("num_classes")), None
+    )
     return 1 / float(n) if n else math.nan
 
 
@@ -95,17 +102,23 @@ def utility_clause(res: Results, recs: list[dict], ref_recs: list[dict], rule: s
         return {"verdict": NOT_MEASURED, "tasks": tasks, "text": f"{key} not measured"}
     why = collapsed(res, recs, ref_recs, key)
     if why:
-        return {"verdict": CONTRA if not why.startswith("the reference") else INCONC, "tasks": tasks,
-                "text": f"{key} {ua.value:.3g} vs {ref} {ub.value:.3g}: {why}"}
+        return {
+            "verdict": CONTRA if not why.startswith("the reference") else INCONC,
+            "tasks": tasks,
+            "text": f"{key} {ua.value:.3g} vs {ref} {ub.value:.3g}: {why}",
+        }
     if rule == "modest":
         loss, tol, unit = relative_loss(ua, ub, key), MODEST, " (relative, modest)"
     else:
         kind, tol = TOLERANCE.get(utility_name(key) or key, ("rel", 0.05))
         loss, unit = utility_loss(ua, ub, key), "" if kind == "abs" else " (relative)"
     ok = loss <= tol
-    return {"verdict": HOLDS if ok else CONTRA, "tasks": tasks,
-            "text": f"{key} {ua.value:.3g} vs {ref} {ub.value:.3g}: {'comparable' if ok else 'worse'} "
-                    f"(loss {loss:+.3f}{unit}, tolerance {tol})"}
+    return {
+        "verdict": HOLDS if ok else CONTRA,
+        "tasks": tasks,
+        "text": f"{key} {ua.value:.3g} vs {ref} {ub.value:.3g}: {'comparable' if ok else 'worse'} "
+        f"(loss {loss:+.3f}{unit}, tolerance {tol})",
+    }
 
 
 def leakage_clause(d: Estimate | None, effect: float) -> tuple[str, float]:
@@ -129,9 +142,19 @@ def _cells(res: Results, scenario: str, preset: str, defense: str, **kw) -> dict
     return out
 
 
-def leakage_comparisons(res: Results, scenario: str, preset: str, mine: str, ref: str, *, views: tuple[str, ...],
-                        effect: float, attack_prefix: str = "", kind: str = "membership",
-                        util_rule: str = "comparable") -> list[dict]:
+def leakage_comparisons(
+    res: Results,
+    scenario: str,
+    preset: str,
+    mine: str,
+    ref: str,
+    *,
+    views: tuple[str, ...],
+    effect: float,
+    attack_prefix: str = "",
+    kind: str = "membership",
+    util_rule: str = "comparable",
+) -> list[dict]:
     """``mine`` leaks less than ``ref`` by ``effect`` in each shared cell (paired), with the utility clause."""
     a, b = _cells(res, scenario, preset, mine, kind=kind), _cells(res, scenario, preset, ref, kind=kind)
     out = []
@@ -147,9 +170,16 @@ def leakage_comparisons(res: Results, scenario: str, preset: str, mine: str, ref
         v, m = leakage_clause(d, effect)
         how = "paired" if d is not None and d.method.startswith("paired") else "unpaired"
         dtxt = d.fmt() if d is not None else "n/a"
-        out.append({"verdict": v, "tasks": (task,), "effect": effect, "mde": m,
-                    "text": f"{task} {alabel}/{view}: {metric} {ea.fmt()} vs {ref} {eb.fmt()}; leakage difference "
-                            f"{dtxt} ({how}), MDE {m:.3g} vs claimed effect {effect:.3g} -> {v}"})
+        out.append(
+            {
+                "verdict": v,
+                "tasks": (task,),
+                "effect": effect,
+                "mde": m,
+                "text": f"{task} {alabel}/{view}: {metric} {ea.fmt()} vs {ref} {eb.fmt()}; leakage difference "
+                f"{dtxt} ({how}), MDE {m:.3g} vs claimed effect {effect:.3g} -> {v}",
+            }
+        )
         u = utility_clause(res, a[key], b[key], util_rule, ref)
         if u is not None:
             out.append(u)

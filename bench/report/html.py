@@ -1,5 +1,6 @@
 """One static, self-contained HTML page of every scenario: sortable tables in vanilla JS, no network; the
 cross-matrix, claims, reported-vs-measured and the plots, linked relatively."""
+
 from __future__ import annotations
 
 import html
@@ -84,24 +85,35 @@ def table_html(header: list[str], rows: list[list[Shown]], *, table_id: str, sor
 
 
 def frame_html(df: pd.DataFrame, *, table_id: str, sortable: bool = True) -> str:
-    rows = [[Shown("" if isinstance(v, float) and math.isnan(v) else str(v),
-                   float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) else None)
-             for v in r] for r in df.itertuples(index=False)]
+    rows = [
+        [
+            Shown(
+                "" if isinstance(v, float) and math.isnan(v) else str(v),
+                float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) else None,
+            )
+            for v in r
+        ]
+        for r in df.itertuples(index=False)
+    ]
     return table_html([str(c) for c in df.columns], rows, table_id=table_id, sortable=sortable)
 
 
 def _claims_html(claims: list[dict], table_id: str) -> str:
     if not claims:
         return ""
-    out = [f'<div class="wrap"><table id="{esc(table_id)}" class="sortable"><thead><tr>'
-           "<th>paper</th><th>preset</th><th>claim</th><th>verdict</th>"
-           "<th>claimed effect</th><th>MDE</th><th>evidence</th>"
-           "</tr></thead><tbody>"]
+    out = [
+        f'<div class="wrap"><table id="{esc(table_id)}" class="sortable"><thead><tr>'
+        "<th>paper</th><th>preset</th><th>claim</th><th>verdict</th>"
+        "<th>claimed effect</th><th>MDE</th><th>evidence</th>"
+        "</tr></thead><tbody>"
+    ]
     for c in claims:
         v = c["verdict"].replace(" ", "-")
-        out.append(f"<tr><td>{esc(c['paper'])}</td><td>{esc(c['preset'])}</td><td>{esc(c['claim'])}</td>"
-                   f'<td class="v-{esc(v)}">{esc(c["verdict"])}</td><td>{esc(c["effect"])}</td><td>{esc(c["mde"])}</td>'
-                   f"<td>{esc(c['evidence'])}</td></tr>")
+        out.append(
+            f"<tr><td>{esc(c['paper'])}</td><td>{esc(c['preset'])}</td><td>{esc(c['claim'])}</td>"
+            f'<td class="v-{esc(v)}">{esc(c["verdict"])}</td><td>{esc(c["effect"])}</td><td>{esc(c["mde"])}</td>'
+            f"<td>{esc(c['evidence'])}</td></tr>"
+        )
     out.append("</tbody></table></div>")
     return "".join(out)
 
@@ -109,13 +121,16 @@ def _claims_html(claims: list[dict], table_id: str) -> str:
 def page(sections: list[dict], claims: list[dict]) -> str:
     """The whole page; ``sections`` as built by ``bench.report.leaderboards.write_leaderboards``."""
     nav = " ".join(f'<a href="#{esc(s["scenario"])}">{esc(s["scenario"])}</a>' for s in sections)
-    body = [f"<h1>Privacy attacks x defenses: leaderboards</h1><nav>{nav}<a href=\"#claims\">claims</a></nav>",
-            f'<p class="legend">{esc(LEGEND.replace("**", "").replace("`", ""))} Click a column header to sort.</p>']
+    body = [
+        f'<h1>Privacy attacks x defenses: leaderboards</h1><nav>{nav}<a href="#claims">claims</a></nav>',
+        f'<p class="legend">{esc(LEGEND.replace("**", "").replace("`", ""))} Click a column header to sort.</p>',
+    ]
     for s in sections:
         sc, table, meta = s["scenario"], s["table"], s["meta"]
         presets = ", ".join(sorted(set(table.preset))) if len(table) else ""
-        body.append(f'<section id="{esc(sc)}" class="scenario">'
-                    f'<h2>{esc(sc)} <small>(preset: {esc(presets)})</small></h2>')
+        body.append(
+            f'<section id="{esc(sc)}" class="scenario"><h2>{esc(sc)} <small>(preset: {esc(presets)})</small></h2>'
+        )
         banners = audit_banner(table) + (control_banner(s["res"], table) if "res" in s else [])
         for line in banners:
             if line:
@@ -135,11 +150,24 @@ def page(sections: list[dict], claims: list[dict]) -> str:
         rvm = s["reported"]
         if len(rvm):
             shown = rvm[(rvm.measured != "not measured") & (rvm.same_setting.astype(bool))]
-            body.append(f"<h3>Reported by the papers vs measured here</h3><p class=\"legend\">{len(rvm)} reported "
-                        "numbers map to this scenario; shown: those with a measured counterpart. Never pooled.</p>")
+            body.append(
+                f'<h3>Reported by the papers vs measured here</h3><p class="legend">{len(rvm)} reported '
+                "numbers map to this scenario; shown: those with a measured counterpart. Never pooled.</p>"
+            )
             if len(shown):
-                cols = ["paper", "table", "setting", "metric", "reported", "reported (suite scale)", "task", "defense",
-                        "attack", "view", "measured"]
+                cols = [
+                    "paper",
+                    "table",
+                    "setting",
+                    "metric",
+                    "reported",
+                    "reported (suite scale)",
+                    "task",
+                    "defense",
+                    "attack",
+                    "view",
+                    "measured",
+                ]
                 body.append(frame_html(shown[cols], table_id=f"reported-{sc}"))
         imgs = [p for p in s["plots"] if p.endswith(".png")]
         if imgs:
@@ -148,5 +176,7 @@ def page(sections: list[dict], claims: list[dict]) -> str:
             body.append("</div>")
         body.append("</section>")
     body.append('<section id="claims"><h2>All claims</h2>' + _claims_html(claims, "claims-all") + "</section>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Leaderboards</title>"
-            f"<style>{CSS}</style><script>{JS}</script></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>Leaderboards</title>'
+        f"<style>{CSS}</style><script>{JS}</script></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )

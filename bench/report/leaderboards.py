@@ -17,6 +17,7 @@ normal approximation combining the per-seed intervals with the between-seed spre
 value per seed: a Student-t interval over seeds. Two rows differ only when the bootstrap interval of
 their difference excludes 0 (or, without replicates, when their intervals do not overlap).
 """
+
 from __future__ import annotations
 
 import sys
@@ -37,8 +38,10 @@ def write_leaderboards(out: Path, dest: Path | None = None) -> list[Path]:
     dest = Path(dest) if dest else out / "leaderboards"
     res = Results.load(out)
     for (task, preset), n in sorted(res.superseded.items()):
-        notice = (f"leaderboard: ignored {n} records of {task} ({preset}) from a superseded task configuration "
-                  f"(an earlier preset or data); they stay in {out / 'records'}")
+        notice = (
+            f"leaderboard: ignored {n} records of {task} ({preset}) from a superseded task configuration "
+            f"(an earlier preset or data); they stay in {out / 'records'}"
+        )
         print(notice, file=sys.stderr)  # noqa: T201 -- a notice to the user, on stderr
     written: list[Path] = []
     if not res.records:
@@ -53,8 +56,11 @@ def write_leaderboards(out: Path, dest: Path | None = None) -> list[Path]:
         table, meta = scenario_table(res, scenario)
         audits += audit.dp_rows(table, scenario)
         matrix = matrix_table(res, scenario)
-        files = {f"{scenario}.csv": table, f"{scenario}_matrix.csv": matrix,
-                 f"{scenario}_cells.csv": cells_table(res, scenario)}
+        files = {
+            f"{scenario}.csv": table,
+            f"{scenario}_matrix.csv": matrix,
+            f"{scenario}_cells.csv": cells_table(res, scenario),
+        }
         for name, df in files.items():
             atomic_write_bytes(dest / name, to_csv_bytes(df))
             written.append(dest / name)
@@ -67,8 +73,18 @@ def write_leaderboards(out: Path, dest: Path | None = None) -> list[Path]:
             md += "\n## papers/000 Table 4 and Table 1, measured beside reported\n\n" + table4.markdown(t4)
         atomic_write_bytes(dest / f"{scenario}.md", md.encode())
         written.append(dest / f"{scenario}.md")
-        sections.append({"scenario": scenario, "table": table, "meta": meta, "matrix": matrix, "claims": s_claims,
-                         "reported": s_rvm, "plots": plot_files, "res": res})
+        sections.append(
+            {
+                "scenario": scenario,
+                "table": table,
+                "meta": meta,
+                "matrix": matrix,
+                "claims": s_claims,
+                "reported": s_rvm,
+                "plots": plot_files,
+                "res": res,
+            }
+        )
     if t4 is not None:
         atomic_write_bytes(dest / f"{table4.SCENARIO}_table4.csv", to_csv_bytes(t4))
         atomic_write_bytes(dest / f"{table4.SCENARIO}_table4.md", table4.markdown(t4).encode())

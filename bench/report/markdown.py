@@ -1,5 +1,6 @@
 """Markdown rendering of the leaderboards (tabulate): the readable tables (``display``: one shown cell per
 value, with its interval, best-group flag and comparison mark), the per-scenario page and the index."""
+
 from __future__ import annotations
 
 import html
@@ -14,8 +15,14 @@ from .ranking import COLLAPSE
 from .results import UTILITY_ORDER, VIEW_SHORT, Results
 from .stats import Estimate
 
-METRIC_NAMES = {"auroc": "AUROC", "tpr@0.05fpr": "TPR@5%FPR", "tpr@0.01fpr": "TPR@1%FPR", "tpr@0.001fpr": "TPR@0.1%FPR",
-                "ssim": "SSIM", "psnr": "PSNR"}
+METRIC_NAMES = {
+    "auroc": "AUROC",
+    "tpr@0.05fpr": "TPR@5%FPR",
+    "tpr@0.01fpr": "TPR@1%FPR",
+    "tpr@0.001fpr": "TPR@0.1%FPR",
+    "ssim": "SSIM",
+    "psnr": "PSNR",
+}
 MARKS = {"less leakage": " \u25bc", "more leakage": " \u25b2"}
 
 
@@ -76,14 +83,29 @@ def display(table: pd.DataFrame, meta: list[dict], *, which: str = "all") -> tup
     util = [c for c in table.columns if c.startswith("utility.") and not c.endswith((".ci_low", ".ci_high"))]
     util.sort(key=lambda c: (UTILITY_ORDER.index(c[8:]) if c[8:] in UTILITY_ORDER else len(UTILITY_ORDER), c))
     cols = [m for m in meta if (which == "all" or m["primary"] == (which == "primary")) and reportable(table, m)]
-    eps = [c for c in ("privacy.epsilon", "privacy.epsilon_composed", "privacy.epsilon_composed_no_amplification")
-           if c in table.columns]
-    eps_names = {"privacy.epsilon": "epsilon", "privacy.epsilon_composed": "epsilon composed",
-                 "privacy.epsilon_composed_no_amplification": "epsilon composed (no amplification)"}
+    eps = [
+        c
+        for c in ("privacy.epsilon", "privacy.epsilon_composed", "privacy.epsilon_composed_no_amplification")
+        if c in table.columns
+    ]
+    eps_names = {
+        "privacy.epsilon": "epsilon",
+        "privacy.epsilon_composed": "epsilon composed",
+        "privacy.epsilon_composed_no_amplification": "epsilon composed (no amplification)",
+    }
     audit = "privacy.epsilon_lower_bound" in table.columns
-    header = (["preset"] if presets else []) + ["task", "defense"] + [c[8:] for c in util] + \
-        ([eps_names[c] for c in eps] + (["epsilon claimed / measured lower bound"] if audit else [])
-         + ["up / round", "train s"] if which != "secondary" else [])
+    header = (
+        (["preset"] if presets else [])
+        + ["task", "defense"]
+        + [c[8:] for c in util]
+        + (
+            [eps_names[c] for c in eps]
+            + (["epsilon claimed / measured lower bound"] if audit else [])
+            + ["up / round", "train s"]
+            if which != "secondary"
+            else []
+        )
+    )
     for m in cols:
         name = f"{m['attack']}/{VIEW_SHORT.get(m['view'], m['view'])}"
         if f"{m['column']}.vs_base" in table.columns:
@@ -115,9 +137,13 @@ def display(table: pd.DataFrame, meta: list[dict], *, which: str = "all") -> tup
                 d = _num(r.get(f"{c}.vs_base"))
                 lo, hi = _num(r.get(f"{c}.vs_base.ci_low")), _num(r.get(f"{c}.vs_base.ci_high"))
                 how = r.get(f"{c}.vs_base.method")
-                txt = "" if d is None else f"{d:+.3f}" \
-                    + ("" if lo is None or hi is None else f" [{lo:+.2f}, {hi:+.2f}]") \
+                txt = (
+                    ""
+                    if d is None
+                    else f"{d:+.3f}"
+                    + ("" if lo is None or hi is None else f" [{lo:+.2f}, {hi:+.2f}]")
                     + (" (unpaired)" if isinstance(how, str) and how.startswith("unpaired") else "")
+                )
                 cells.append(Shown(txt, d))
             v = _num(r.get(c))
             st = r.get(f"{c}.status")
@@ -140,19 +166,21 @@ def md_table(header: list[str], rows: list[list[Shown]]) -> str:
     return tabulate(body, headers=[md_escape(h) for h in header], tablefmt="github", disable_numparse=True)
 
 
-LEGEND = ("Membership: \u0394AUROC vs base (the headline: the row's AUROC minus the un-fine-tuned base model's on "
-          "the same candidates, paired bootstrap; `(unpaired)` where the records carry no candidate ids), AUROC, "
-          "TPR at 5%, 1% and 0.1% FPR (`n/a` below 10/FPR non-members: 200, 1,000, 10,000); reconstruction: mean "
-          "SSIM and PSNR over images. [95% interval: bootstrap over seeds, then candidates or images]. **Bold**: the "
-          "column's best group (lowest leakage, AUROC ranked by its distance from 0.5, and every row a paired "
-          "comparison cannot tell apart from it; a row whose utility collapsed never is). "
-          "\u25bc / \u25b2: significantly less / more leakage than the undefended baseline of the same protocol "
-          "(fedavg, fedsgd for FedSGD forms, lora for released models). `(utility collapse)`: " + COLLAPSE + ". "
-          "`n/a`: the pair does not apply; `failed`: the cell raised (reasons in the cross-matrix and the CSV). "
-          "Epsilon claimed / measured lower bound: the composed epsilon (without amplification where recorded) "
-          "beside the empirical lower bound of Jagielski et al. 2020 from the strongest membership cell of the row "
-          "(Clopper-Pearson, Bonferroni over thresholds and cells, 95%; delta the defense's, else 1e-5); a claim "
-          "below the bound is a VIOLATION (CSV column `dp_violation`).")
+LEGEND = (
+    "Membership: \u0394AUROC vs base (the headline: the row's AUROC minus the un-fine-tuned base model's on "
+    "the same candidates, paired bootstrap; `(unpaired)` where the records carry no candidate ids), AUROC, "
+    "TPR at 5%, 1% and 0.1% FPR (`n/a` below 10/FPR non-members: 200, 1,000, 10,000); reconstruction: mean "
+    "SSIM and PSNR over images. [95% interval: bootstrap over seeds, then candidates or images]. **Bold**: the "
+    "column's best group (lowest leakage, AUROC ranked by its distance from 0.5, and every row a paired "
+    "comparison cannot tell apart from it; a row whose utility collapsed never is). "
+    "\u25bc / \u25b2: significantly less / more leakage than the undefended baseline of the same protocol "
+    "(fedavg, fedsgd for FedSGD forms, lora for released models). `(utility collapse)`: " + COLLAPSE + ". "
+    "`n/a`: the pair does not apply; `failed`: the cell raised (reasons in the cross-matrix and the CSV). "
+    "Epsilon claimed / measured lower bound: the composed epsilon (without amplification where recorded) "
+    "beside the empirical lower bound of Jagielski et al. 2020 from the strongest membership cell of the row "
+    "(Clopper-Pearson, Bonferroni over thresholds and cells, 95%; delta the defense's, else 1e-5); a claim "
+    "below the bound is a VIOLATION (CSV column `dp_violation`)."
+)
 
 
 def shift_check(table: pd.DataFrame, meta: list[dict]) -> list[str]:
@@ -170,8 +198,10 @@ def shift_check(table: pd.DataFrame, meta: list[dict]) -> list[str]:
                 flag = " **confound: the interval excludes 0.5**"
             elif not e.has_ci() and abs(e.value - 0.5) > 0.1:
                 flag = " **confound: far from 0.5**"
-            lines.append(f"- {md_escape(r.task)} {md_escape(m['attack'])}/{VIEW_SHORT.get(m['view'], m['view'])}: "
-                         f"AUROC {e.fmt()}{flag}")
+            lines.append(
+                f"- {md_escape(r.task)} {md_escape(m['attack'])}/{VIEW_SHORT.get(m['view'], m['view'])}: "
+                f"AUROC {e.fmt()}{flag}"
+            )
     return lines
 
 
@@ -191,11 +221,14 @@ def audit_banner(table: pd.DataFrame) -> list[str]:
         return []
     out = []
     for _, r in table[table.dp_violation.eq(True)].iterrows():
-        out += [f"> **DP VIOLATION: {md_escape(r.task)} {md_escape(r.defense)} claims epsilon "
-                f"{r['privacy.epsilon_claimed']:.3g} but {md_escape(r['privacy.epsilon_lower_bound.attack'])} "
-                f"shows epsilon >= {r['privacy.epsilon_lower_bound']:.3g} "
-                f"({r['privacy.epsilon_lower_bound.confidence']:.0%} confidence, delta "
-                f"{r['privacy.epsilon_lower_bound.delta']:.3g})**: a bug or a wrong accounting.", ""]
+        out += [
+            f"> **DP VIOLATION: {md_escape(r.task)} {md_escape(r.defense)} claims epsilon "
+            f"{r['privacy.epsilon_claimed']:.3g} but {md_escape(r['privacy.epsilon_lower_bound.attack'])} "
+            f"shows epsilon >= {r['privacy.epsilon_lower_bound']:.3g} "
+            f"({r['privacy.epsilon_lower_bound.confidence']:.0%} confidence, delta "
+            f"{r['privacy.epsilon_lower_bound.delta']:.3g})**: a bug or a wrong accounting.",
+            "",
+        ]
     return out
 
 
@@ -205,15 +238,25 @@ def control_banner(res: Results, table: pd.DataFrame) -> list[str]:
     for preset, task in sorted({(p, t) for p, t in zip(table.get("preset", []), table.get("task", []))}):
         txt = res.control_text(preset, task)
         if txt.startswith("failed"):
-            out.append(f"> **Positive control failed for {md_escape(task)} ({md_escape(preset)})**: the undefended "
-                       f"baseline does not leak clearly, so no defense can be shown to stop an attack here; its "
-                       f"claims are `inconclusive`. {md_escape(txt[len('failed: '):])}")
+            out.append(
+                f"> **Positive control failed for {md_escape(task)} ({md_escape(preset)})**: the undefended "
+                f"baseline does not leak clearly, so no defense can be shown to stop an attack here; its "
+                f"claims are `inconclusive`. {md_escape(txt[len('failed: ') :])}"
+            )
             out.append("")
     return out
 
 
-def scenario_markdown(res: Results, scenario: str, table: pd.DataFrame, meta: list[dict], matrix: pd.DataFrame,
-                      claims: list[dict], rvm: pd.DataFrame, plots: list[str]) -> str:
+def scenario_markdown(
+    res: Results,
+    scenario: str,
+    table: pd.DataFrame,
+    meta: list[dict],
+    matrix: pd.DataFrame,
+    claims: list[dict],
+    rvm: pd.DataFrame,
+    plots: list[str],
+) -> str:
 
     presets = ", ".join(sorted(set(table.preset))) if len(table) else ""
     n = sum(r["scenario"] == scenario for r in res.records)
@@ -226,15 +269,22 @@ def scenario_markdown(res: Results, scenario: str, table: pd.DataFrame, meta: li
             parts += [f"## {title}", "", md_table(header, rows), ""]
     hidden = sorted({METRIC_NAMES.get(m["metric"], m["metric"]) for m in meta if not reportable(table, m)})
     if hidden:
-        parts += [f"Not reported in any row (too few non-members for the FPR, or no value; reasons in the CSV's "
-                  f"`.status` columns): {', '.join(hidden)}.", ""]
+        parts += [
+            f"Not reported in any row (too few non-members for the FPR, or no value; reasons in the CSV's "
+            f"`.status` columns): {', '.join(hidden)}.",
+            "",
+        ]
     if len(matrix):
         short = matrix.copy()
         for c in short.columns[3:]:
             short[c] = [v if len(v) <= 90 else v[:87] + "..." for v in short[c].fillna("")]
         one_preset = short.preset.nunique() == 1  # noqa: PD101 -- a count of distinct presets, as above
-        parts += ["## Cross-matrix: defenses x attacks", "",
-                  _frame_md(short.drop(columns=["preset"] if one_preset else [])), ""]
+        parts += [
+            "## Cross-matrix: defenses x attacks",
+            "",
+            _frame_md(short.drop(columns=["preset"] if one_preset else [])),
+            "",
+        ]
     shift = shift_check(table, meta)
     if shift:
         parts += ["## Distribution-shift check (attacks on the un-fine-tuned base model)", ""] + shift + [""]
@@ -244,27 +294,39 @@ def scenario_markdown(res: Results, scenario: str, table: pd.DataFrame, meta: li
     if claims:
         parts += ["## Claims from the papers, measured here", ""]
         for c in claims:
-            parts.append(f"- **{md_escape(c['paper'])}** ({md_escape(c['preset'])}): {md_escape(c['claim'])} -> "
-                         f"**{md_escape(c['verdict'])}**. {md_escape(c['evidence'])}")
+            parts.append(
+                f"- **{md_escape(c['paper'])}** ({md_escape(c['preset'])}): {md_escape(c['claim'])} -> "
+                f"**{md_escape(c['verdict'])}**. {md_escape(c['evidence'])}"
+            )
         parts.append("")
     if len(rvm):
         shown = rvm[(rvm.measured != "not measured") & (rvm.same_setting.astype(bool))]
-        parts += ["## Reported by the papers vs measured here", "",
-                  "Reported numbers are the papers' own (their models, data and scale), converted to the suite's "
-                  "scale where the unit differs; the measured column is this suite's counterpart of the paper's "
-                  "setting (rows measured in a different setting are only in the CSV, `same_setting` False). They "
-                  "are never pooled. Full list: `reported_vs_measured.csv`.", ""]
+        parts += [
+            "## Reported by the papers vs measured here",
+            "",
+            "Reported numbers are the papers' own (their models, data and scale), converted to the suite's "
+            "scale where the unit differs; the measured column is this suite's counterpart of the paper's "
+            "setting (rows measured in a different setting are only in the CSV, `same_setting` False). They "
+            "are never pooled. Full list: `reported_vs_measured.csv`.",
+            "",
+        ]
         if len(shown):
             cols = ["paper", "table", "setting", "metric", "reported", "task", "defense", "attack", "view", "measured"]
             parts += [_frame_md(shown[cols]), ""]
         else:
-            parts += [f"No reported number has a measured counterpart in these records "
-                      f"({len(rvm)} reported numbers map to this scenario).", ""]
+            parts += [
+                f"No reported number has a measured counterpart in these records "
+                f"({len(rvm)} reported numbers map to this scenario).",
+                "",
+            ]
     failed = [r for r in res.records if r["scenario"] == scenario and r["status"] == "failed"]
     if failed:
         parts += ["## Failed cells", ""]
-        parts += [f"- {md_escape(r['task'])} {md_escape(r['defense_label'])} x {md_escape(r['attack_label'])}/"
-                  f"{r['view']} seed {r['seed']}: {md_escape(r.get('reason'))}" for r in failed] + [""]
+        parts += [
+            f"- {md_escape(r['task'])} {md_escape(r['defense_label'])} x {md_escape(r['attack_label'])}/"
+            f"{r['view']} seed {r['seed']}: {md_escape(r.get('reason'))}"
+            for r in failed
+        ] + [""]
     if plots:
         parts += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots if p.endswith(".png")] + [""]
     return "\n".join(parts)
@@ -272,11 +334,17 @@ def scenario_markdown(res: Results, scenario: str, table: pd.DataFrame, meta: li
 
 def index_markdown(res: Results, sections: list[dict]) -> str:
     counts = {s: sum(r["status"] == s for r in res.records) for s in ("ok", "n/a", "failed")}
-    parts = ["# Leaderboards", "",
-             f"{len(res.records)} cells: {counts['ok']} ok, {counts['n/a']} n/a, {counts['failed']} failed. "
-             "Open `index.html` for sortable tables and plots.", ""]
+    parts = [
+        "# Leaderboards",
+        "",
+        f"{len(res.records)} cells: {counts['ok']} ok, {counts['n/a']} n/a, {counts['failed']} failed. "
+        "Open `index.html` for sortable tables and plots.",
+        "",
+    ]
     for s in sections:
-        parts.append(f"- [{md_escape(s['scenario'])}]({s['scenario']}.md): {len(s['table'])} defense rows, "
-                     f"{len(s['meta'])} attack columns")
+        parts.append(
+            f"- [{md_escape(s['scenario'])}]({s['scenario']}.md): {len(s['table'])} defense rows, "
+            f"{len(s['meta'])} attack columns"
+        )
     parts += ["- [claims](claims.md)", "- [reported vs measured](reported_vs_measured.csv)", ""]
     return "\n".join(parts)

@@ -9,6 +9,7 @@ Minimum detectable effect (MDE) at this sample size: ``MDE_FACTOR`` x SE of the 
 deviation of its bootstrap replicates (else the 95% interval's half-width / 1.96). 2.8 = z(0.975) + z(0.80) =
 1.96 + 0.84: the true difference a two-sided test at alpha 0.05 detects with 80% power.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,15 @@ def leak_transform(metric: str) -> Transform:
     return (lambda x: np.abs(x - 0.5)) if metric == "auroc" else (lambda x: x)
 
 
-def paired_difference(recs_a: Sequence[dict], recs_b: Sequence[dict], metric: str, *, key: object = "",
-                      transform: Transform | None = None, n_boot: int = N_BOOT) -> Estimate | None:
+def paired_difference(
+    recs_a: Sequence[dict],
+    recs_b: Sequence[dict],
+    metric: str,
+    *,
+    key: object = "",
+    transform: Transform | None = None,
+    n_boot: int = N_BOOT,
+) -> Estimate | None:
     """transform(a) - transform(b) on the candidates both rows scored, paired bootstrap; None when the rows
     share no candidate ids (or the metric has no per-candidate statistic)."""
     stat = member_stat(metric)
@@ -59,23 +67,29 @@ def unpaired_difference(a: Estimate | None, b: Estimate | None) -> Estimate | No
     if a.reps is not None and b.reps is not None and len(a.reps) == len(b.reps):
         reps = a.reps - b.reps
         lo, hi = _pct(reps)
-        return Estimate(a.value - b.value, lo, hi, min(a.n_seeds, b.n_seeds), "unpaired bootstrap (no shared ids)",
-                        reps)
+        return Estimate(
+            a.value - b.value, lo, hi, min(a.n_seeds, b.n_seeds), "unpaired bootstrap (no shared ids)", reps
+        )
     if a.has_ci() and b.has_ci():
-        return Estimate(a.value - b.value, a.lo - b.hi, a.hi - b.lo, min(a.n_seeds, b.n_seeds),
-                        "unpaired, interval extremes")
+        return Estimate(
+            a.value - b.value, a.lo - b.hi, a.hi - b.lo, min(a.n_seeds, b.n_seeds), "unpaired, interval extremes"
+        )
     return Estimate(a.value - b.value, method="unpaired, no intervals")
 
 
-def difference(res, recs_a: Sequence[dict], recs_b: Sequence[dict], metric: str, *, leak: bool = True,
-               key: object = "") -> Estimate | None:
+def difference(
+    res, recs_a: Sequence[dict], recs_b: Sequence[dict], metric: str, *, leak: bool = True, key: object = ""
+) -> Estimate | None:
     """Row a minus row b in ``metric`` (its leakage when ``leak``): paired when the rows share candidate ids,
     else unpaired from each row's own estimate (``method`` says which)."""
     if not recs_a or not recs_b:
         return None
     t = leak_transform(metric) if leak else None
-    d = paired_difference(recs_a, recs_b, metric, key=key, transform=t) \
-        if recs_a[0].get("attack_kind") == "membership" else None
+    d = (
+        paired_difference(recs_a, recs_b, metric, key=key, transform=t)
+        if recs_a[0].get("attack_kind") == "membership"
+        else None
+    )
     if d is not None:
         return d
     ea, eb = res.metric(recs_a, metric), res.metric(recs_b, metric)

@@ -3,6 +3,7 @@ the runner), log-scale ROC curves (Carlini et al. 2022), the privacy-utility tra
 Fig. 2), per-image SSIM distributions ([FLRSP] Fig. 12), communication per round ([FedRand]
 Fig. 3) and composed epsilon over rounds for the DP defenses (opacus RDP via the defense's own
 ``epsilon_composed``)."""
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,8 @@ def scenario_plots(res, scenario: str, table, dest: Path, out: Path) -> list[str
         by_cell: dict[tuple, dict[str, list[dict]]] = {}
         for r in tr:
             by_cell.setdefault((r["attack_kind"], r["attack_label"], r["view"]), {}).setdefault(
-                r["defense_label"], []).append(r)
+                r["defense_label"], []
+            ).append(r)
         for (kind, alabel, view), per_def in sorted(by_cell.items()):
             if kind == "membership":
                 curves = {}
@@ -48,13 +50,20 @@ def scenario_plots(res, scenario: str, table, dest: Path, out: Path) -> list[str
                     save_roc(curves, dest / p, title=f"{task} [{preset}]: {alabel} / {view}")
                     written.append(str(p))
             else:
-                data = {dl: [v for r in rs for v in (r.get("per_sample") or {}).get("ssim", [])]
-                        for dl, rs in sorted(per_def.items())}
+                data = {
+                    dl: [v for r in rs for v in (r.get("per_sample") or {}).get("ssim", [])]
+                    for dl, rs in sorted(per_def.items())
+                }
                 data = {k: v for k, v in data.items() if v}
                 if data:
                     p = rel / f"ssim_{slug(tag, alabel)}.png"
-                    save_distributions(data, dest / p, ref=0.5, title=f"{task} [{preset}]: {alabel}",
-                                       xlabel="SSIM per reconstructed image, all seeds (dotted: 0.5, papers/003)")
+                    save_distributions(
+                        data,
+                        dest / p,
+                        ref=0.5,
+                        title=f"{task} [{preset}]: {alabel}",
+                        xlabel="SSIM per reconstructed image, all seeds (dotted: 0.5, papers/003)",
+                    )
                     written.append(str(p))
                 written += _copy_grids(per_def, out, dest, rel / "grids", tag, alabel)
         sub = table[(table.preset == preset) & (table.task == task)]
@@ -91,18 +100,31 @@ def _tradeoff(res, sub, dest: Path, rel: Path, tag: str, task: str, preset: str,
             x, y = r.get(f"utility.{uk}"), r.get(col)
             if r.defense == "base" or x is None or y is None or math.isnan(x) or math.isnan(y):
                 continue
-            pts.append({"label": r.defense, "x": x, "y": y, "xlo": r.get(f"utility.{uk}.ci_low", math.nan),
-                        "xhi": r.get(f"utility.{uk}.ci_high", math.nan), "ylo": r.get(f"{col}.ci_low", math.nan),
-                        "yhi": r.get(f"{col}.ci_high", math.nan)})
+            pts.append(
+                {
+                    "label": r.defense,
+                    "x": x,
+                    "y": y,
+                    "xlo": r.get(f"utility.{uk}.ci_low", math.nan),
+                    "xhi": r.get(f"utility.{uk}.ci_high", math.nan),
+                    "ylo": r.get(f"{col}.ci_low", math.nan),
+                    "yhi": r.get(f"{col}.ci_high", math.nan),
+                }
+            )
         for pt in pts:
             for k in ("xlo", "xhi", "ylo", "yhi"):
                 pt[k] = math.nan if pt[k] is None else float(pt[k])
         if pts:
             metric = col.rsplit(":", 1)[1]
-            panels.append({"points": pts, "title": col.rsplit(":", 1)[0], "ref": 0.5 if metric == "auroc" else None,
-                           "xlabel": f"{uk} ({'lower' if lower_is_better(uk) else 'higher'} is better)",
-                           "ylabel": f"{metric.upper()} "
-                                     f"(closer to {'0.5' if metric == 'auroc' else '0'}: less leakage)"})
+            panels.append(
+                {
+                    "points": pts,
+                    "title": col.rsplit(":", 1)[0],
+                    "ref": 0.5 if metric == "auroc" else None,
+                    "xlabel": f"{uk} ({'lower' if lower_is_better(uk) else 'higher'} is better)",
+                    "ylabel": f"{metric.upper()} (closer to {'0.5' if metric == 'auroc' else '0'}: less leakage)",
+                }
+            )
     if not panels:
         return []
     p = rel / f"tradeoff_{tag}.png"
@@ -115,8 +137,11 @@ def _communication(sub, dest: Path, rel: Path, tag: str, task: str, preset: str)
     if rows.empty or "cost.bytes_up_per_round" not in rows:
         return []
     ref_row = rows[rows.defense == "fedavg"]
-    ref = float(ref_row["cost.bytes_up_per_round"].iloc[0] + ref_row["cost.bytes_down_per_round"].iloc[0]) \
-        if len(ref_row) else None
+    ref = (
+        float(ref_row["cost.bytes_up_per_round"].iloc[0] + ref_row["cost.bytes_down_per_round"].iloc[0])
+        if len(ref_row)
+        else None
+    )
     vals = {}
     for _, r in rows.iterrows():
         up, down = r.get("cost.bytes_up_per_round"), r.get("cost.bytes_down_per_round")
@@ -127,9 +152,13 @@ def _communication(sub, dest: Path, rel: Path, tag: str, task: str, preset: str)
     if not vals:
         return []
     p = rel / f"communication_{tag}.png"
-    save_bars(vals, dest / p, ref=1.0 if ref else None,
-              xlabel="bytes per round relative to fedavg (up + down)" if ref else "KB per round (up + down)",
-              title=f"{task} [{preset}]: communication per round")
+    save_bars(
+        vals,
+        dest / p,
+        ref=1.0 if ref else None,
+        xlabel="bytes per round relative to fedavg (up + down)" if ref else "KB per round (up + down)",
+        title=f"{task} [{preset}]: communication per round",
+    )
     return [str(p)]
 
 
@@ -175,6 +204,12 @@ def _epsilon(res, tr: list[dict], dest: Path, rel: Path, tag: str, task: str, pr
     if not series:
         return []
     p = rel / f"epsilon_{tag}.png"
-    save_curves(series, dest / p, xlabel="round", ylabel="composed epsilon (RDP, client sampling)", logy=True,
-                title=f"{task} [{preset}]: privacy budget over rounds")
+    save_curves(
+        series,
+        dest / p,
+        xlabel="round",
+        ylabel="composed epsilon (RDP, client sampling)",
+        logy=True,
+        title=f"{task} [{preset}]: privacy budget over rounds",
+    )
     return [str(p)]

@@ -6,6 +6,7 @@ Differences are paired where the rows share candidate ids (``bench.report.paired
 say whether they were. Utility collapse (``COLLAPSE``): perplexity above 10x the baseline's (or not finite),
 accuracy within 0.05 of chance (1 / ``num_classes``, where the records carry it), FID above 3x the baseline's.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,10 @@ from .stats import Estimate
 PERPLEXITY_FACTOR = 10.0
 CHANCE_MARGIN = 0.05
 FID_FACTOR = 3.0
-COLLAPSE = (f"perplexity > {PERPLEXITY_FACTOR:g}x the baseline's; accuracy within {CHANCE_MARGIN} of chance "
-            f"(1/num_classes); FID > {FID_FACTOR:g}x the baseline's")
+COLLAPSE = (
+    f"perplexity > {PERPLEXITY_FACTOR:g}x the baseline's; accuracy within {CHANCE_MARGIN} of chance "
+    f"(1/num_classes); FID > {FID_FACTOR:g}x the baseline's"
+)
 VERDICT_TEXT = {-1: "less leakage", 0: "n.s.", 1: "more leakage"}
 
 
@@ -31,8 +34,9 @@ def baseline_for(label: str, view: str, labels: Iterable[str]) -> str | None:
     name = label.split("(", 1)[0]
     if name == "base" or name in BASELINES and "(" not in label:
         return None
-    want = "lora" if view == "released_model" else ("fedsgd" if "form=fedsgd" in label or name == "fedsgd"
-                                                     else "fedavg")
+    want = (
+        "lora" if view == "released_model" else ("fedsgd" if "form=fedsgd" in label or name == "fedsgd" else "fedavg")
+    )
     return want if want in set(labels) else None
 
 
@@ -60,8 +64,12 @@ def collapse_reason(row: pd.Series, ref: pd.Series | None, num_classes: float) -
     if not math.isnan(ppl) and not math.isnan(ref_ppl) and ppl > PERPLEXITY_FACTOR * ref_ppl:
         return f"perplexity {ppl:.3g} > {PERPLEXITY_FACTOR:g}x baseline {ref_ppl:.3g}"
     acc = _num(row.get("utility.accuracy"))
-    if (not math.isnan(acc) and num_classes and not math.isnan(num_classes)
-            and abs(acc - 1 / num_classes) <= CHANCE_MARGIN):
+    if (
+        not math.isnan(acc)
+        and num_classes
+        and not math.isnan(num_classes)
+        and abs(acc - 1 / num_classes) <= CHANCE_MARGIN
+    ):
         return f"accuracy {acc:.3f} within {CHANCE_MARGIN} of chance {1 / num_classes:.3f}"
     fid = _num(row.get("utility.fid"))
     ref_fid = _num(ref.get("utility.fid")) if ref is not None else math.nan
@@ -79,8 +87,11 @@ def mark_collapse(res: Results, df: pd.DataFrame) -> None:
         ref = task_rows[task_rows.defense == ref_label].iloc[0] if ref_label in set(task_rows.defense) else None
         if ref is not None and ref.defense == row.defense:
             ref = None
-        classes = [(r.get("utility") or {}).get("num_classes") for r in res.records
-                   if (r.get("preset"), r.get("task")) == (row.preset, row.task)]
+        classes = [
+            (r.get("utility") or {}).get("num_classes")
+            for r in res.records
+            if (r.get("preset"), r.get("task")) == (row.preset, row.task)
+        ]
         n = next((float(c) for c in classes if c), math.nan)
         reasons.append("" if row.defense == "base" else collapse_reason(row, ref, n))
     df["utility_collapse"] = reasons
@@ -96,8 +107,13 @@ def _base_recs(cell_recs: dict, rk: tuple, col: str, meta: dict) -> list[dict] |
     return cell_recs.get((base_rk, glob))
 
 
-def rank_columns(res: Results, df: pd.DataFrame, cols_meta: dict[str, dict], est: dict[tuple, Estimate],
-                 cell_recs: dict[tuple, list[dict]]) -> None:
+def rank_columns(
+    res: Results,
+    df: pd.DataFrame,
+    cols_meta: dict[str, dict],
+    est: dict[tuple, Estimate],
+    cell_recs: dict[tuple, list[dict]],
+) -> None:
     """Adds per column: ``.vs_base`` (membership AUROC: change from the base model, with interval and method),
     ``.best`` (1 = in the best group; collapsed rows never are), ``.vs_baseline`` and its ``.method``."""
     mark_collapse(res, df)
@@ -120,17 +136,23 @@ def rank_columns(res: Results, df: pd.DataFrame, cols_meta: dict[str, dict], est
             dlo.append(d.lo if d else math.nan)
             dhi.append(d.hi if d else math.nan)
             dmethod.append(d.method if d else "")
-            peers = [k[0] for k in est if k[1] == col and k[0][:2] == rk[:2] and k[0][2] != "base"
-                     and k[0] not in collapsed]
+            peers = [
+                k[0] for k in est if k[1] == col and k[0][:2] == rk[:2] and k[0][2] != "base" and k[0] not in collapsed
+            ]
             if mine is None or row.defense == "base" or not peers:
                 best.append(math.nan)
             elif rk in collapsed:
                 best.append(0.0)
             else:
-                top = min(peers, key=lambda k: (est[(k, col)].value if metric != "auroc"
-                                                else abs(est[(k, col)].value - 0.5), k[2]))
-                s = 0 if top == rk else sign(difference(res, mine, cell_recs[(top, col)], metric,
-                                                        key=("best",) + rk + (col,)))
+                top = min(
+                    peers,
+                    key=lambda k: (est[(k, col)].value if metric != "auroc" else abs(est[(k, col)].value - 0.5), k[2]),
+                )
+                s = (
+                    0
+                    if top == rk
+                    else sign(difference(res, mine, cell_recs[(top, col)], metric, key=("best",) + rk + (col,)))
+                )
                 best.append(float(s <= 0))
             ref = baseline_for(row.defense, meta["view"], labels)
             theirs = cell_recs.get(((row.preset, row.task, ref), col)) if ref else None

@@ -22,6 +22,7 @@ An empty ``suite_metric`` means the suite does not measure it. Reported values a
 suite's scale (percent -> fraction) only in the ``reported (suite scale)`` column; nothing reported
 ever enters an estimate, a claim verdict or a plot.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,12 +36,45 @@ from .results import Results
 from .stats import Estimate, sample_estimate, seed_estimate
 
 ROOT = Path(__file__).resolve().parents[2] / "leaderboards" / "reported"
-COLUMNS = ["paper", "table", "setting", "metric", "value", "spread", "unit", "scenario", "defense", "attack", "view",
-           "part", "suite_metric", "note"]
+COLUMNS = [
+    "paper",
+    "table",
+    "setting",
+    "metric",
+    "value",
+    "spread",
+    "unit",
+    "scenario",
+    "defense",
+    "attack",
+    "view",
+    "part",
+    "suite_metric",
+    "note",
+]
 UNITS = {"percent", "fraction", "score", "value", "loss", "ssim", "direction", "count", "probability"}
-OUT_COLUMNS = ["paper", "table", "setting", "metric", "reported", "reported (suite scale)", "scenario", "preset",
-               "task", "defense", "attack", "view", "suite_metric", "measured", "measured_value", "measured_ci_low",
-               "measured_ci_high", "n_seeds", "same_setting", "note"]
+OUT_COLUMNS = [
+    "paper",
+    "table",
+    "setting",
+    "metric",
+    "reported",
+    "reported (suite scale)",
+    "scenario",
+    "preset",
+    "task",
+    "defense",
+    "attack",
+    "view",
+    "suite_metric",
+    "measured",
+    "measured_value",
+    "measured_ci_low",
+    "measured_ci_high",
+    "n_seeds",
+    "same_setting",
+    "note",
+]
 
 
 def load(root: Path | None = None) -> pd.DataFrame:
@@ -92,7 +126,7 @@ def _variant(recs: list[dict], metric: str, part: str, scenario: str) -> str | N
     if "{part}" not in metric:
         return metric
     names = {n for r in recs for n in (r.get("variants") or {})}
-    for p in ([part] + (["text"] if part == "caption" else [])):
+    for p in [part] + (["text"] if part == "caption" else []):
         m = metric.replace("{part}", p)
         if m.split(":")[1] in names:
             return m
@@ -104,12 +138,13 @@ def measure(res: Results, row: dict, scenario: str) -> list[dict]:
     sm = row["suite_metric"]
     if not sm or not row["defense"]:
         return []
-    recs_all = res.select(scenario=scenario, defense=row["defense"], attack=row["attack"] or None,
-                          view=row["view"] or None)
+    recs_all = res.select(
+        scenario=scenario, defense=row["defense"], attack=row["attack"] or None, view=row["view"] or None
+    )
     if not row["attack"]:  # utility / cost: any ok record of the training run
         recs_all = [r for r in recs_all if r["defense"] != "base"]
     out = []
-    for (preset, task) in sorted({(r["preset"], r["task"]) for r in recs_all}):
+    for preset, task in sorted({(r["preset"], r["task"]) for r in recs_all}):
         recs = [r for r in recs_all if (r["preset"], r["task"]) == (preset, task)]
         est: Estimate | None = None
         what = sm
@@ -120,8 +155,9 @@ def measure(res: Results, row: dict, scenario: str) -> list[dict]:
         elif sm == "derived:comm_ratio":
             est = _comm_ratio(res, recs, preset, task)
         elif sm == "derived:frac_ssim_above_0.5":
-            est = sample_estimate(recs, "ssim", key=(preset, task, row["defense"], "frac"),
-                                  transform=lambda g: (g > 0.5).astype(float))
+            est = sample_estimate(
+                recs, "ssim", key=(preset, task, row["defense"], "frac"), transform=lambda g: (g > 0.5).astype(float)
+            )
         else:
             if sm.startswith("variants:"):
                 what = _variant(recs, sm, row["part"], scenario) or ""
@@ -144,17 +180,30 @@ def measure(res: Results, row: dict, scenario: str) -> list[dict]:
 
 def _row(est: Estimate, preset: str, task: str, rec: dict, what: str) -> dict:
     privacy = "utility" not in what and "comm" not in what
-    return {"preset": preset, "task": task, "defense": rec["defense_label"],
-            "attack": rec["attack_label"] if rec.get("attack_kind") and privacy else "",
-            "view": rec["view"] if privacy else "", "suite_metric": what,
-            "measured": est.note or est.fmt(), "measured_value": est.value, "measured_ci_low": est.lo,
-            "measured_ci_high": est.hi, "n_seeds": est.n_seeds}
+    return {
+        "preset": preset,
+        "task": task,
+        "defense": rec["defense_label"],
+        "attack": rec["attack_label"] if rec.get("attack_kind") and privacy else "",
+        "view": rec["view"] if privacy else "",
+        "suite_metric": what,
+        "measured": est.note or est.fmt(),
+        "measured_value": est.value,
+        "measured_ci_low": est.lo,
+        "measured_ci_high": est.hi,
+        "n_seeds": est.n_seeds,
+    }
 
 
 def _comm_ratio(res: Results, recs: list[dict], preset: str, task: str) -> Estimate | None:
     def total(rs):
-        v = Results.per_seed(rs, lambda r: ((r.get("cost") or {}).get("bytes_up_per_round") or 0)
-                             + ((r.get("cost") or {}).get("bytes_down_per_round") or 0))
+        v = Results.per_seed(
+            rs,
+            lambda r: (
+                ((r.get("cost") or {}).get("bytes_up_per_round") or 0)
+                + ((r.get("cost") or {}).get("bytes_down_per_round") or 0)
+            ),
+        )
         return float(np.mean(v)) if v else math.nan
 
     base = res.select(preset=preset, task=task, defense="fedavg")
@@ -170,12 +219,21 @@ def compare(res: Results, reported: pd.DataFrame | None = None) -> pd.DataFrame:
     rows = []
     for _, r in rep.iterrows():
         r = dict(r)
-        reported_txt = r["value"] + (f" +- {r['spread']}" if r["spread"] else "") + (f" {r['unit']}" if r["value"] else
-                                                                                     f"({r['unit']})")
+        reported_txt = (
+            r["value"]
+            + (f" +- {r['spread']}" if r["spread"] else "")
+            + (f" {r['unit']}" if r["value"] else f"({r['unit']})")
+        )
         scaled = to_suite_scale(r["value"], r["unit"], r["suite_metric"])
-        base = {"paper": r["paper"], "table": r["table"], "setting": r["setting"], "metric": r["metric"],
-                "reported": reported_txt.strip(), "reported (suite scale)": "" if scaled is None else f"{scaled:.6g}",
-                "note": r["note"]}
+        base = {
+            "paper": r["paper"],
+            "table": r["table"],
+            "setting": r["setting"],
+            "metric": r["metric"],
+            "reported": reported_txt.strip(),
+            "reported (suite scale)": "" if scaled is None else f"{scaled:.6g}",
+            "note": r["note"],
+        }
         scenarios = [s for s in r["scenario"].split(";") if s] or [""]
         for i, s in enumerate(scenarios):
             ms = measure(res, r, s) if s else []
@@ -183,9 +241,22 @@ def compare(res: Results, reported: pd.DataFrame | None = None) -> pd.DataFrame:
             for m in ms:
                 rows.append({**base, "scenario": s.split("/")[0], **m, **same})
             if not ms:
-                rows.append({**base, "scenario": s.split("/")[0], **same, "preset": "", "task": s if "/" in s else "",
-                             "defense": r["defense"], "attack": r["attack"], "view": r["view"],
-                             "suite_metric": r["suite_metric"], "measured": "not measured" if r["suite_metric"] else
-                             "not measured by the suite", "measured_value": math.nan, "measured_ci_low": math.nan,
-                             "measured_ci_high": math.nan, "n_seeds": 0})
+                rows.append(
+                    {
+                        **base,
+                        "scenario": s.split("/")[0],
+                        **same,
+                        "preset": "",
+                        "task": s if "/" in s else "",
+                        "defense": r["defense"],
+                        "attack": r["attack"],
+                        "view": r["view"],
+                        "suite_metric": r["suite_metric"],
+                        "measured": "not measured" if r["suite_metric"] else "not measured by the suite",
+                        "measured_value": math.nan,
+                        "measured_ci_low": math.nan,
+                        "measured_ci_high": math.nan,
+                        "n_seeds": 0,
+                    }
+                )
     return pd.DataFrame(rows, columns=OUT_COLUMNS)

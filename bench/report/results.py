@@ -1,5 +1,6 @@
 """Results loading: the records of one output directory (each task's latest configuration only), the
 naming constants shared by every table, and per-cell estimates (memoised)."""
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,12 @@ from .stats import Estimate, clipped, membership_estimate, sample_estimate, seed
 # (TPR at 5% FPR needs >= 200 non-members, at 1% 1,000, at 0.1% 10,000: below that the cell reads n/a)
 HEADLINE = {"membership": ("auroc", "tpr@0.05fpr", "tpr@0.01fpr", "tpr@0.001fpr"), "reconstruction": ("ssim", "psnr")}
 BASELINES = ("fedavg", "fedsgd", "lora")  # undefended references, by protocol
-VIEW_SHORT = {"global_model": "global", "client_model": "client", "client_update": "update",
-              "released_model": "released"}
+VIEW_SHORT = {
+    "global_model": "global",
+    "client_model": "client",
+    "client_update": "update",
+    "released_model": "released",
+}
 # utility metrics where lower is better (everything else: higher is better)
 LOWER_BETTER = ("loss", "perplexity", "fid", "kid", "error")
 UTILITY_ORDER = ("accuracy", "cider", "bleu4", "rouge", "test_loss", "perplexity", "fid", "kid")
@@ -33,7 +38,7 @@ def lower_is_better(utility_key: str) -> bool:
 
 
 def _label_keys(label: str) -> set[str]:
-    inner = label[label.find("(") + 1:-1] if label.endswith(")") and "(" in label else ""
+    inner = label[label.find("(") + 1 : -1] if label.endswith(")") and "(" in label else ""
     return set(re.findall(r"(?:^|,)(\w+)=", inner))
 
 
@@ -97,8 +102,10 @@ def oracle_asr_named(rec: dict) -> dict:
         return rec
     rec = dict(rec)
     rec["metrics"] = {("asr_oracle" if k == "asr" else k): v for k, v in (rec.get("metrics") or {}).items()}
-    rec["variants"] = {n: {("asr_oracle" if k == "asr" else k): x for k, x in v.items()}
-                       for n, v in (rec.get("variants") or {}).items()}
+    rec["variants"] = {
+        n: {("asr_oracle" if k == "asr" else k): x for k, x in v.items()}
+        for n, v in (rec.get("variants") or {}).items()
+    }
     return rec
 
 
@@ -108,8 +115,17 @@ class Results:
 
     def __init__(self, records: Iterable[dict]):
         records, self.superseded = current_config([oracle_asr_named(r) for r in records])
-        self.records = sorted(records, key=lambda r: (r.get("scenario", ""), *row_key(r), r.get("attack_label", ""),
-                                                       r.get("view", ""), r.get("seed", 0), r.get("cell_id", "")))
+        self.records = sorted(
+            records,
+            key=lambda r: (
+                r.get("scenario", ""),
+                *row_key(r),
+                r.get("attack_label", ""),
+                r.get("view", ""),
+                r.get("seed", 0),
+                r.get("cell_id", ""),
+            ),
+        )
         self._memo: dict[tuple, Estimate | None] = {}
         self._controls: dict[tuple[str, str], list[Control]] | None = None
 
@@ -136,9 +152,18 @@ class Results:
     def scenarios(self) -> list[str]:
         return sorted({r["scenario"] for r in self.records})
 
-    def select(self, *, scenario: str | None = None, task: str | None = None, preset: str | None = None,
-               defense: str | None = None, attack: str | None = None, view: str | None = None,
-               kind: str | None = None, status: str | None = "ok") -> list[dict]:
+    def select(
+        self,
+        *,
+        scenario: str | None = None,
+        task: str | None = None,
+        preset: str | None = None,
+        defense: str | None = None,
+        attack: str | None = None,
+        view: str | None = None,
+        kind: str | None = None,
+        status: str | None = "ok",
+    ) -> list[dict]:
         """Records matching every given field; ``scenario`` may also be a task id; specs as in the CLI."""
         out = []
         for r in self.records:

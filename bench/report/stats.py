@@ -7,6 +7,7 @@ per-candidate scores a single seed keeps the record's own interval and several s
 approximation combining the per-seed intervals with the between-seed spread. Utility has one value per
 seed: a Student-t interval over seeds.
 """
+
 from __future__ import annotations
 
 import math
@@ -107,10 +108,12 @@ def unresolvable(recs: Sequence[dict], metric: str) -> str:
     return ""
 
 
-def membership_estimate(recs: Sequence[dict], metric: str, *, key: Any = "", n_boot: int = N_BOOT,
-                        variant: str | None = None) -> Estimate | None:
+def membership_estimate(
+    recs: Sequence[dict], metric: str, *, key: Any = "", n_boot: int = N_BOOT, variant: str | None = None
+) -> Estimate | None:
     """A membership metric over the seeds in ``recs`` (one record per seed, status ok): of the primary score,
     or of a ``variant`` whose per-candidate scores the records kept (``per_candidate.variants``)."""
+
     def metrics_of(r: dict) -> dict:
         if variant is None:
             return r.get("metrics") or {}
@@ -142,8 +145,9 @@ def membership_estimate(recs: Sequence[dict], metric: str, *, key: Any = "", n_b
 
             reps = _hierarchical(groups, draw, _rng("member", key, metric), n_boot)
             lo, hi = _pct(reps)
-            return Estimate(value, lo, hi, len(recs), f"bootstrap over {'seeds x ' if len(recs) > 1 else ''}candidates",
-                            reps)
+            return Estimate(
+                value, lo, hi, len(recs), f"bootstrap over {'seeds x ' if len(recs) > 1 else ''}candidates", reps
+            )
     return _from_record_cis([metrics_of(r)[metric] for r in recs])
 
 
@@ -151,8 +155,9 @@ def _from_record_cis(ms: Sequence[dict]) -> Estimate:
     vals = np.array([m["value"] for m in ms], float)
     if len(ms) == 1:
         m = ms[0]
-        return Estimate(float(m["value"]), float(m.get("ci_low", math.nan)), float(m.get("ci_high", math.nan)), 1,
-                        "record interval")
+        return Estimate(
+            float(m["value"]), float(m.get("ci_low", math.nan)), float(m.get("ci_high", math.nan)), 1, "record interval"
+        )
     z = stats.norm.ppf(0.5 + LEVEL / 2)
     se_within = [(m.get("ci_high", math.nan) - m.get("ci_low", math.nan)) / (2 * z) for m in ms]
     within = float(np.nanmean(np.square(se_within))) if not np.all(np.isnan(se_within)) else 0.0
@@ -161,8 +166,9 @@ def _from_record_cis(ms: Sequence[dict]) -> Estimate:
     return Estimate(v, v - z * se, v + z * se, len(ms), "normal approx. over seeds")
 
 
-def sample_estimate(recs: Sequence[dict], metric: str, *, key: Any = "", transform=None,
-                    n_boot: int = N_BOOT) -> Estimate | None:
+def sample_estimate(
+    recs: Sequence[dict], metric: str, *, key: Any = "", transform=None, n_boot: int = N_BOOT
+) -> Estimate | None:
     """Mean of a per-sample metric (reconstruction: per image) over seeds x samples."""
     groups = [np.asarray((r.get("per_sample") or {}).get(metric, []), float) for r in recs]
     groups = [g if transform is None else transform(g) for g in groups if len(g)]

@@ -11,6 +11,7 @@ where the paper averages over clients. Rows the paper does not have (the un-fine
 distribution-shift check -, DP-FedLoRA, FLRSP) have empty reported columns; DP-FedLoRA and FLRSP get one row
 per configuration found in the records.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,10 +24,20 @@ from .results import Results, spec_matches
 
 SCENARIO = "vlm-caption"
 ATTACK = "max_renyi"
-SCORES = (("MaxRenyi-0% image", 0, "image"), ("MaxRenyi-0% caption", 0, "caption"),
-          ("MaxRenyi-10% image", 10, "image"), ("MaxRenyi-10% caption", 10, "caption"))
-UTILITY = (("BLEU-1", "bleu1"), ("BLEU-2", "bleu2"), ("BLEU-3", "bleu3"), ("BLEU-4", "bleu4"), ("ROUGE", "rouge"),
-           ("CIDEr", "cider"))
+SCORES = (
+    ("MaxRenyi-0% image", 0, "image"),
+    ("MaxRenyi-0% caption", 0, "caption"),
+    ("MaxRenyi-10% image", 10, "image"),
+    ("MaxRenyi-10% caption", 10, "caption"),
+)
+UTILITY = (
+    ("BLEU-1", "bleu1"),
+    ("BLEU-2", "bleu2"),
+    ("BLEU-3", "bleu3"),
+    ("BLEU-4", "bleu4"),
+    ("ROUGE", "rouge"),
+    ("CIDEr", "cider"),
+)
 # (row label, defense spec: a bare name is its default configuration, None = every configuration, view)
 ROWS: tuple[tuple[str, str, bool, str], ...] = (
     ("Base model (not fine-tuned)", "base", True, "global_model"),
@@ -60,8 +71,12 @@ def _reported(rep: pd.DataFrame, spec: str, view: str) -> dict[str, tuple[float,
     p = rep[(rep.paper == "papers/000") & (rep.defense == spec)]
     f = lambda v: float(v) if v != "" else math.nan  # noqa: E731
     for name, k, part in SCORES:
-        hit = p[(p.table == "Table 4") & (p.view == view) & (p.part == part)
-                & (p.suite_metric == f"variants:maxrenyi_K{k}_a0.5_{{part}}:auroc")]
+        hit = p[
+            (p.table == "Table 4")
+            & (p.view == view)
+            & (p.part == part)
+            & (p.suite_metric == f"variants:maxrenyi_K{k}_a0.5_{{part}}:auroc")
+        ]
         if len(hit):
             out[name] = (f(hit.value.iloc[0]), f(hit.spread.iloc[0]))
     table1 = "Table 1 (client)" if view == "client_model" else "Table 1 (server)"
@@ -73,8 +88,11 @@ def _reported(rep: pd.DataFrame, spec: str, view: str) -> dict[str, tuple[float,
 
 
 def _status(res: Results, preset: str, task: str, spec: str, view: str) -> str:
-    bad = [r for r in res.select(scenario=task, preset=preset, defense=spec, attack=ATTACK, view=view, status=None)
-           if r["status"] != "ok"]
+    bad = [
+        r
+        for r in res.select(scenario=task, preset=preset, defense=spec, attack=ATTACK, view=view, status=None)
+        if r["status"] != "ok"
+    ]
     return f"{bad[0]['status']}: {bad[0].get('reason') or ''}" if bad else ""
 
 
@@ -88,8 +106,11 @@ def table4(records: Results | Iterable[dict] | pd.DataFrame, *, reported: pd.Dat
         for label, spec, default_only, view in ROWS:
             recs_all = res.select(scenario=task, preset=preset, attack=ATTACK, view=view, status=None)
             if default_only:
-                labels = {r["defense_label"] for r in recs_all
-                          if spec_matches(spec, r["defense"], r.get("defense_params") or {}, r["defense_label"])}
+                labels = {
+                    r["defense_label"]
+                    for r in recs_all
+                    if spec_matches(spec, r["defense"], r.get("defense_params") or {}, r["defense_label"])
+                }
             else:
                 labels = {r["defense_label"] for r in recs_all if r["defense"] == spec}
             for dlabel in sorted(labels) or [None]:
@@ -104,11 +125,15 @@ def table4(records: Results | Iterable[dict] | pd.DataFrame, *, reported: pd.Dat
     return pd.DataFrame(rows, columns=cols)
 
 
-def _row(res: Results, rep: pd.DataFrame, preset: str, task: str, label: str, spec: str, dlabel: str | None,
-         view: str) -> dict[str, Any]:
+def _row(
+    res: Results, rep: pd.DataFrame, preset: str, task: str, label: str, spec: str, dlabel: str | None, view: str
+) -> dict[str, Any]:
     row: dict[str, Any] = {"preset": preset, "task": task, "method": label, "defense": dlabel or spec, "view": view}
-    recs = [r for r in res.select(scenario=task, preset=preset, attack=ATTACK, view=view)
-            if r["defense_label"] == dlabel] if dlabel else []
+    recs = (
+        [r for r in res.select(scenario=task, preset=preset, attack=ATTACK, view=view) if r["defense_label"] == dlabel]
+        if dlabel
+        else []
+    )
     row["n_seeds"] = len({r["seed"] for r in recs})
     for name, k, part in SCORES:
         e = res.metric(recs, f"variants:maxrenyi_K{k}_a0.5_{part}:auroc") if recs else None
@@ -132,6 +157,7 @@ def _row(res: Results, rep: pd.DataFrame, preset: str, task: str, label: str, sp
 
 def markdown(df: pd.DataFrame) -> str:
     """The table as markdown: 'measured [ci] (reported)' per score, utility 'measured (reported)'."""
+
     def cell(v: float, lo: float = math.nan, hi: float = math.nan, rv: float = math.nan, rs: float = math.nan) -> str:
         s = "-" if math.isnan(v) else f"{v:.1f}"
         if not (math.isnan(lo) or math.isnan(hi)):
@@ -146,11 +172,15 @@ def markdown(df: pd.DataFrame) -> str:
     rows = []
     for _, r in df.iterrows():
         cells = [r.preset, r.method]
-        cells += [cell(r[n], r[f"{n} ci_low"], r[f"{n} ci_high"], r[f"{n} reported"], r[f"{n} reported spread"])
-                  for n, _, _ in SCORES]
+        cells += [
+            cell(r[n], r[f"{n} ci_low"], r[f"{n} ci_high"], r[f"{n} reported"], r[f"{n} reported spread"])
+            for n, _, _ in SCORES
+        ]
         cells += [cell(r[n], rv=r[f"{n} reported"]) for n, _ in UTILITY]
         cells.append(str(r.note or ""))
         rows.append(cells)
-    return tabulate(rows, headers=head, tablefmt="github", disable_numparse=True) + \
-        "\n\nMaxRényi AUROC in percent, measured [95% interval] (papers/000 reported ± spread); " \
+    return (
+        tabulate(rows, headers=head, tablefmt="github", disable_numparse=True)
+        + "\n\nMaxRényi AUROC in percent, measured [95% interval] (papers/000 reported ± spread); "
         "utility measured (reported, Table 1).\n"
+    )

@@ -2,6 +2,7 @@
 epsilon, cost and per attack x view the headline metrics with intervals, best group, comparison with the
 undefended baseline), the cross-matrix (``matrix_table``) and one row per record (``cells_table``). Rows and
 columns are sorted and floats written with ``%.6g``: the same records give byte-identical CSVs."""
+
 from __future__ import annotations
 
 import json
@@ -55,11 +56,15 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
         group = rows_by[rk]
         ok = [r for r in group if r["status"] == "ok"]
         g0 = group[0]
-        row: dict[str, Any] = {"preset": rk[0], "task": rk[1], "defense": rk[2], "defense_name": g0["defense"],
-                               "defense_params": json.dumps(g0.get("defense_params") or {}, sort_keys=True,
-                                                            default=str),
-                               "seeds": ";".join(map(str, sorted({r["seed"] for r in group}))),
-                               "n_seeds": len({r["seed"] for r in group})}
+        row: dict[str, Any] = {
+            "preset": rk[0],
+            "task": rk[1],
+            "defense": rk[2],
+            "defense_name": g0["defense"],
+            "defense_params": json.dumps(g0.get("defense_params") or {}, sort_keys=True, default=str),
+            "seeds": ";".join(map(str, sorted({r["seed"] for r in group}))),
+            "n_seeds": len({r["seed"] for r in group}),
+        }
         src = ok or group
         for k in util_keys:
             e = res.utility(src, k)
@@ -81,8 +86,14 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
             row["privacy.epsilon_lower_bound.confidence"] = au["confidence"]
             row["privacy.epsilon_lower_bound.delta"] = au["delta"]
             row["dp_violation"] = au["violation"]
-        for k in ("bytes_up_per_round", "bytes_down_per_round", "params_up_per_round", "rounds", "train_wall_s",
-                  "peak_mem_mb"):
+        for k in (
+            "bytes_up_per_round",
+            "bytes_down_per_round",
+            "params_up_per_round",
+            "rounds",
+            "train_wall_s",
+            "peak_mem_mb",
+        ):
             vals = [v for v in res.per_seed(src, lambda r, k=k: (r.get("cost") or {}).get(k)) if v is not None]
             row[f"cost.{k}"] = float(np.mean(vals)) if vals else math.nan
         aw = [(r.get("cost") or {}).get("attack_wall_s") for r in group]
@@ -97,8 +108,16 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
             status = _status_text(cell)
             for metric in HEADLINE.get(kind, ()):
                 col = f"{alabel}/{view}:{metric}"
-                cols_meta.setdefault(col, {"attack": alabel, "view": view, "kind": kind, "metric": metric,
-                                           "primary": metric == HEADLINE[kind][0]})
+                cols_meta.setdefault(
+                    col,
+                    {
+                        "attack": alabel,
+                        "view": view,
+                        "kind": kind,
+                        "metric": metric,
+                        "primary": metric == HEADLINE[kind][0],
+                    },
+                )
                 e = res.metric(okc, metric) if okc else None
                 if e is not None and e.note:  # not reported (e.g. TPR at an FPR the non-members cannot resolve)
                     row[f"{col}.status"] = e.note + (f"; {status}" if status else "")
@@ -115,16 +134,40 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
         return df, []
     rank_columns(res, df, cols_meta, est, cell_recs)
     df["positive_control"] = [res.control_text(p, t) for p, t in zip(df.preset, df.task)]
-    fixed = [c for c in df.columns if not c.startswith(("utility.", "privacy.", "cost.")) and c not in cols_meta
-             and not any(c.startswith(m + ".") for m in cols_meta)]
-    order = fixed + sorted(c for c in df.columns if c.startswith("utility.")) + \
-        [c for c in df.columns if c.startswith("privacy.")] + [c for c in df.columns if c.startswith("cost.")]
-    col_order = sorted(cols_meta, key=lambda c: (cols_meta[c]["attack"], cols_meta[c]["view"],
-                                                  not cols_meta[c]["primary"], c))
+    fixed = [
+        c
+        for c in df.columns
+        if not c.startswith(("utility.", "privacy.", "cost."))
+        and c not in cols_meta
+        and not any(c.startswith(m + ".") for m in cols_meta)
+    ]
+    order = (
+        fixed
+        + sorted(c for c in df.columns if c.startswith("utility."))
+        + [c for c in df.columns if c.startswith("privacy.")]
+        + [c for c in df.columns if c.startswith("cost.")]
+    )
+    col_order = sorted(
+        cols_meta, key=lambda c: (cols_meta[c]["attack"], cols_meta[c]["view"], not cols_meta[c]["primary"], c)
+    )
     for col in col_order:
-        order += [c for c in (col, f"{col}.ci_low", f"{col}.ci_high", f"{col}.vs_base", f"{col}.vs_base.ci_low",
-                              f"{col}.vs_base.ci_high", f"{col}.vs_base.method", f"{col}.best", f"{col}.vs_baseline",
-                              f"{col}.vs_baseline.method", f"{col}.status") if c in df.columns]
+        order += [
+            c
+            for c in (
+                col,
+                f"{col}.ci_low",
+                f"{col}.ci_high",
+                f"{col}.vs_base",
+                f"{col}.vs_base.ci_low",
+                f"{col}.vs_base.ci_high",
+                f"{col}.vs_base.method",
+                f"{col}.best",
+                f"{col}.vs_baseline",
+                f"{col}.vs_baseline.method",
+                f"{col}.status",
+            )
+            if c in df.columns
+        ]
     meta = [{"column": c, **cols_meta[c]} for c in col_order]
     return df[order], meta
 
@@ -153,7 +196,7 @@ def matrix_table(res: Results, scenario: str) -> pd.DataFrame:
                     txt = f"{short} {HEADLINE[kind][0]} {e.value:.3f}" if e else short
                     parts.append(txt + (f" ({st})" if st else ""))
                 elif st:
-                    parts.append((f"{VIEW_SHORT.get(view, view)} " if len({r['view'] for r in cell}) > 1 else "") + st)
+                    parts.append((f"{VIEW_SHORT.get(view, view)} " if len({r["view"] for r in cell}) > 1 else "") + st)
             row[a] = "; ".join(parts)
         rows.append(row)
     return pd.DataFrame(rows, columns=["preset", "task", "defense", *attacks])
@@ -165,8 +208,21 @@ def cells_table(res: Results, scenario: str) -> pd.DataFrame:
     for r in res.records:
         if r["scenario"] != scenario:
             continue
-        row = {k: r.get(k) for k in ("preset", "task", "defense_label", "attack_label", "attack_kind", "view", "seed",
-                                     "status", "reason", "cell_id")}
+        row = {
+            k: r.get(k)
+            for k in (
+                "preset",
+                "task",
+                "defense_label",
+                "attack_label",
+                "attack_kind",
+                "view",
+                "seed",
+                "status",
+                "reason",
+                "cell_id",
+            )
+        }
         for name, m in sorted((r.get("metrics") or {}).items()):
             row[name] = m.get("value")
             row[f"{name}.ci_low"], row[f"{name}.ci_high"] = m.get("ci_low"), m.get("ci_high")

@@ -20,6 +20,7 @@ non-members and test images are disjoint. Reconstruction targets mix scikit-imag
 training images; photo ``i`` is labelled class ``i % num_classes`` (an arbitrary but valid label: the
 photos are not from the class distribution, they make the picture grids legible).
 """
+
 from __future__ import annotations
 
 import functools
@@ -66,25 +67,52 @@ class Spec:
 
 
 SPECS = {
-    "smoke": Spec(img_size=32, n_train=160, n_test=128, n_nonmembers=96, n_photos=2, n_client_targets=2,
-                  max_membership=32, dp_delta=1e-5,
-                  vit=image_models.ViTSize(patch=8, width=48, depth=2, heads=2, mlp_ratio=2.0),
-                  resnet=image_models.ResNetSize(layers=(1, 1, 1, 1), channels=(16, 32, 64, 128))),
+    "smoke": Spec(
+        img_size=32,
+        n_train=160,
+        n_test=128,
+        n_nonmembers=96,
+        n_photos=2,
+        n_client_targets=2,
+        max_membership=32,
+        dp_delta=1e-5,
+        vit=image_models.ViTSize(patch=8, width=48, depth=2, heads=2, mlp_ratio=2.0),
+        resnet=image_models.ResNetSize(layers=(1, 1, 1, 1), channels=(16, 32, 64, 128)),
+    ),
     # 500 members (100 per client) and 600 non-members: >= 250 evaluation candidates per side plus an attacker
     # split; the base is pre-trained on 6,000 further training images (module doc)
-    "default": Spec(img_size=28, n_train=500, n_test=1000, n_nonmembers=600, n_photos=4, n_client_targets=4,
-                    max_membership=250, dp_delta=1e-5, n_pretrain=6000,
-                    # narrow ViT (patch 7 on 28 px: 16 tokens) and ResNet34's depth at a quarter of its width: the
-                    # CPU budget of pre-training + federated over-fitting here (models.image)
-                    vit=image_models.ViTSize(patch=7, width=128, depth=6, heads=4, mlp_ratio=4.0),
-                    resnet=image_models.ResNetSize(layers=(3, 4, 6, 3), channels=(16, 32, 64, 128)),
-                    pretrain={"resnet34": image_models.PretrainConfig(steps=120, batch_size=64, lr=2e-3,
-                                                                      weight_decay=0.05),
-                              "vit": image_models.PretrainConfig(steps=300, batch_size=64, lr=1e-3,
-                                                                 weight_decay=0.05)}),
-    "paper": Spec(img_size=224, n_train=50_000, n_test=5_000, n_nonmembers=5_000, n_photos=4, n_client_targets=11,
-                  max_membership=500, dp_delta=0.5,
-                  vit=image_models.VIT_S16, resnet=image_models.RESNET34, pretrained=True),
+    "default": Spec(
+        img_size=28,
+        n_train=500,
+        n_test=1000,
+        n_nonmembers=600,
+        n_photos=4,
+        n_client_targets=4,
+        max_membership=250,
+        dp_delta=1e-5,
+        n_pretrain=6000,
+        # narrow ViT (patch 7 on 28 px: 16 tokens) and ResNet34's depth at a quarter of its width: the
+        # CPU budget of pre-training + federated over-fitting here (models.image)
+        vit=image_models.ViTSize(patch=7, width=128, depth=6, heads=4, mlp_ratio=4.0),
+        resnet=image_models.ResNetSize(layers=(3, 4, 6, 3), channels=(16, 32, 64, 128)),
+        pretrain={
+            "resnet34": image_models.PretrainConfig(steps=120, batch_size=64, lr=2e-3, weight_decay=0.05),
+            "vit": image_models.PretrainConfig(steps=300, batch_size=64, lr=1e-3, weight_decay=0.05),
+        },
+    ),
+    "paper": Spec(
+        img_size=224,
+        n_train=50_000,
+        n_test=5_000,
+        n_nonmembers=5_000,
+        n_photos=4,
+        n_client_targets=11,
+        max_membership=500,
+        dp_delta=0.5,
+        vit=image_models.VIT_S16,
+        resnet=image_models.RESNET34,
+        pretrained=True,
+    ),
 }
 
 
@@ -101,8 +129,16 @@ def fl_config(preset: str, arch: str) -> FLConfig:
     """smoke / default train with plain SGD so that ``lr`` means the same in the FedAvg form (local SGD)
     and the FedSGD form (the server's step on the mean gradient). ``paper``: [FLRSP] Table 1."""
     if preset == "smoke":
-        return FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=1, batch_size=16, lr=0.05,
-                        optimizer="sgd", mode="fedavg")
+        return FLConfig(
+            num_clients=4,
+            clients_per_round=4,
+            rounds=2,
+            local_epochs=1,
+            batch_size=16,
+            lr=0.05,
+            optimizer="sgd",
+            mode="fedavg",
+        )
     if preset == "default":
         # Measured 2026-11-23 with the real harness (`bench run --preset default --scenario image-cls --defense
         # fedavg --attack loss_mia --grid defaults`, seed 0, 250 members vs 250 non-members per view, 1 thread on a
@@ -124,12 +160,28 @@ def fl_config(preset: str, arch: str) -> FLConfig:
         # 0.557 / 0.580, member loss 0.62 (no faster than with 5 clients). A weaker base
         # (ResNet pre-trained 40 steps, acc 0.686) leaks no more. The loss attack rises slowly because members
         # reach ~0 loss while many non-members, classified confidently by the base, are near 0 too.
-        return FLConfig(num_clients=5, clients_per_round=5, rounds=3, local_epochs=15, batch_size=16,
-                        lr=0.03 if arch == "vit" else 0.1, optimizer="sgd", mode="fedavg")
+        return FLConfig(
+            num_clients=5,
+            clients_per_round=5,
+            rounds=3,
+            local_epochs=15,
+            batch_size=16,
+            lr=0.03 if arch == "vit" else 0.1,
+            optimizer="sgd",
+            mode="fedavg",
+        )
     # [FLRSP] Table 1: 5 clients, batch 32, lr 1e-5 (ViT) / 1e-4 (ResNet), 10 epochs. The optimiser is not
     # named; Adam is assumed (those rates fine-tune pretrained models with Adam, not with plain SGD).
-    return FLConfig(num_clients=5, clients_per_round=5, rounds=10, local_epochs=1, batch_size=32,
-                    lr=1e-5 if arch == "vit" else 1e-4, optimizer="adam", mode="fedavg")
+    return FLConfig(
+        num_clients=5,
+        clients_per_round=5,
+        rounds=10,
+        local_epochs=1,
+        batch_size=32,
+        lr=1e-5 if arch == "vit" else 1e-4,
+        optimizer="adam",
+        mode="fedavg",
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,9 +220,18 @@ class BaseSpec:
     def key_spec(self, arch: str, preset: str, img_size: int, num_classes: int) -> dict[str, Any]:
         """The identity the cache is keyed by (with ``cfg``): model, data source and the exact images."""
         crc = zlib.crc32(np.asarray(self.indices, dtype=np.int64).tobytes())
-        return {"arch": arch, "preset": preset, "img_size": img_size, "num_classes": num_classes,
-                "model_seed": MODEL_SEED, "source": self.source, "n_images": len(self.indices),
-                "indices_crc32": f"{crc:08x}", "mean": list(self.mean), "std": list(self.std)}
+        return {
+            "arch": arch,
+            "preset": preset,
+            "img_size": img_size,
+            "num_classes": num_classes,
+            "model_seed": MODEL_SEED,
+            "source": self.source,
+            "n_images": len(self.indices),
+            "indices_crc32": f"{crc:08x}",
+            "mean": list(self.mean),
+            "std": list(self.std),
+        }
 
 
 def _pretrain_data(preset: str, base: BaseSpec, img_size: int) -> tuple[Tensor, Tensor]:
@@ -178,8 +239,10 @@ def _pretrain_data(preset: str, base: BaseSpec, img_size: int) -> tuple[Tensor, 
     if src.name != base.source:
         raise ValueError(f"the base was specified on {base.source}, but the data source now is {src.name}")
     idx = np.asarray(base.indices, dtype=np.int64)
-    return (image_data.to_tensor(src.train_x[idx], img_size, base.mean, base.std),
-            torch.from_numpy(src.train_y[idx].copy()))
+    return (
+        image_data.to_tensor(src.train_x[idx], img_size, base.mean, base.std),
+        torch.from_numpy(src.train_y[idx].copy()),
+    )
 
 
 def build_model(arch: str, preset: str, img_size: int, num_classes: int, base: BaseSpec | None = None) -> nn.Module:
@@ -187,15 +250,31 @@ def build_model(arch: str, preset: str, img_size: int, num_classes: int, base: B
     spec = SPECS[preset]
     make: Callable[[], nn.Module]
     if arch == "vit":
-        make = functools.partial(image_models.vit, spec.vit, num_classes=num_classes, img_size=img_size,
-                                 seed=MODEL_SEED, pretrained=spec.pretrained)
+        make = functools.partial(
+            image_models.vit,
+            spec.vit,
+            num_classes=num_classes,
+            img_size=img_size,
+            seed=MODEL_SEED,
+            pretrained=spec.pretrained,
+        )
     else:
-        make = functools.partial(image_models.resnet34, spec.resnet, num_classes=num_classes, img_size=img_size,
-                                 seed=MODEL_SEED, pretrained=spec.pretrained)
+        make = functools.partial(
+            image_models.resnet34,
+            spec.resnet,
+            num_classes=num_classes,
+            img_size=img_size,
+            seed=MODEL_SEED,
+            pretrained=spec.pretrained,
+        )
     model = make()
     if base is not None:
-        state, _ = image_models.load_or_pretrain(make, base.cfg, base.key_spec(arch, preset, img_size, num_classes),
-                                                 functools.partial(_pretrain_data, preset, base, img_size))
+        state, _ = image_models.load_or_pretrain(
+            make,
+            base.cfg,
+            base.key_spec(arch, preset, img_size, num_classes),
+            functools.partial(_pretrain_data, preset, base, img_size),
+        )
         model.load_state_dict(state)
     return model
 
@@ -230,24 +309,39 @@ def _indices(src: image_data.ImageSource, spec: Spec) -> dict[str, Any]:
     """Disjoint member / non-member / test indices; test from the official test split when there is one."""
     rng = np.random.default_rng(DATA_SEED)
     perm = rng.permutation(len(src.train_x))
-    pre = perm[len(perm) - spec.n_pretrain:] if spec.n_pretrain else perm[:0]  # the tail: public pre-training data
+    pre = perm[len(perm) - spec.n_pretrain :] if spec.n_pretrain else perm[:0]  # the tail: public pre-training data
     if src.test_x is None:  # one pool: members | non-members | test | ... | pre-training
         a, b = spec.n_train, spec.n_train + spec.n_nonmembers
         _need(src, b + spec.n_test + spec.n_pretrain, len(perm), "images")
-        return {"train": perm[:a], "nonmembers": perm[a:b], "nonmembers_from": "train", "test": perm[b:b + spec.n_test],
-                "pretrain": pre}
+        return {
+            "train": perm[:a],
+            "nonmembers": perm[a:b],
+            "nonmembers_from": "train",
+            "test": perm[b : b + spec.n_test],
+            "pretrain": pre,
+        }
     tperm = rng.permutation(len(src.test_x))
     if spec.n_train >= len(perm):  # paper: every training image is a member; non-members from the test split
         _need(src, spec.n_train, len(perm), "training images")
         _need(src, spec.n_test + spec.n_nonmembers, len(tperm), "test images")
         if spec.n_pretrain:
             raise ValueError("pre-training needs training images that are not members")
-        return {"train": perm, "nonmembers": tperm[spec.n_test:spec.n_test + spec.n_nonmembers],
-                "nonmembers_from": "test", "test": tperm[:spec.n_test], "pretrain": pre}
+        return {
+            "train": perm,
+            "nonmembers": tperm[spec.n_test : spec.n_test + spec.n_nonmembers],
+            "nonmembers_from": "test",
+            "test": tperm[: spec.n_test],
+            "pretrain": pre,
+        }
     _need(src, spec.n_train + spec.n_nonmembers + spec.n_pretrain, len(perm), "training images")
     _need(src, spec.n_test, len(tperm), "test images")
-    return {"train": perm[:spec.n_train], "nonmembers": perm[spec.n_train:spec.n_train + spec.n_nonmembers],
-            "nonmembers_from": "train", "test": tperm[:spec.n_test], "pretrain": pre}
+    return {
+        "train": perm[: spec.n_train],
+        "nonmembers": perm[spec.n_train : spec.n_train + spec.n_nonmembers],
+        "nonmembers_from": "train",
+        "test": tperm[: spec.n_test],
+        "pretrain": pre,
+    }
 
 
 # Attacker-side population images per preset (reference models, [RMIA] / [LiRA]): training-split images in no
@@ -294,7 +388,7 @@ def _datasets(src: image_data.ImageSource, idx: dict, spec: Spec, fl: FLConfig, 
     test = mk(test_pool_x[idx["test"]], test_pool_y[idx["test"]])
     nonmembers = mk(non_x[idx["nonmembers"]], non_y[idx["nonmembers"]])
     num_classes = len(src.classes)
-    names = image_data.PHOTOS[:spec.n_photos]
+    names = image_data.PHOTOS[: spec.n_photos]
     photo_x: Tensor | list[Tensor] = []
     if names:
         photo_x = image_data.to_tensor(image_data.photos(names, spec.img_size), spec.img_size, mean, std)
@@ -312,13 +406,28 @@ def _datasets(src: image_data.ImageSource, idx: dict, spec: Spec, fl: FLConfig, 
 def _image_spec(preset: str, arch: str, classes: tuple[str, ...]) -> ImageSpec:
     spec = SPECS[preset]
     mean, std = image_models.NORMALISATION[arch]
-    return ImageSpec(input_shape=(3, spec.img_size, spec.img_size), num_classes=len(classes), classes=classes,
-                     mean=tuple(mean), std=tuple(std), inversion_iterations=INVERSION_ITERATIONS[preset])
+    return ImageSpec(
+        input_shape=(3, spec.img_size, spec.img_size),
+        num_classes=len(classes),
+        classes=classes,
+        mean=tuple(mean),
+        std=tuple(std),
+        inversion_iterations=INVERSION_ITERATIONS[preset],
+    )
 
 
 def _vit_spec(preset: str, arch: str) -> ViTSpec | None:
-    return ViTSpec(pos_embed_param="pos_embed", patch_embed_param="patch_embed.proj.weight",
-                   patch_size=SPECS[preset].vit.patch, num_prefix_tokens=1, class_token=True) if arch == "vit" else None
+    return (
+        ViTSpec(
+            pos_embed_param="pos_embed",
+            patch_embed_param="patch_embed.proj.weight",
+            patch_size=SPECS[preset].vit.patch,
+            num_prefix_tokens=1,
+            class_token=True,
+        )
+        if arch == "vit"
+        else None
+    )
 
 
 def specs(preset: str):
@@ -332,10 +441,22 @@ def specs(preset: str):
     spec = preset_entry(SPECS, preset)
     if spec.pretrained or not fashion_mnist_installed():
         return None
-    return [DeclaredTask(f"image-cls/{arch}", TaskSpec(
-        name=f"image-cls/{arch}", family="image-cls", arch=arch, image=_image_spec(preset, arch, FASHION_MNIST_CLASSES),
-        vit=_vit_spec(preset, arch), dp_delta=spec.dp_delta, population_size=N_POPULATION[preset]),
-        fl_config(preset, arch)) for arch in VARIANTS]
+    return [
+        DeclaredTask(
+            f"image-cls/{arch}",
+            TaskSpec(
+                name=f"image-cls/{arch}",
+                family="image-cls",
+                arch=arch,
+                image=_image_spec(preset, arch, FASHION_MNIST_CLASSES),
+                vit=_vit_spec(preset, arch),
+                dp_delta=spec.dp_delta,
+                population_size=N_POPULATION[preset],
+            ),
+            fl_config(preset, arch),
+        )
+        for arch in VARIANTS
+    ]
 
 
 @register_scenario(name="image-cls")
@@ -368,39 +489,84 @@ def build(preset: str) -> list[Task]:
         d = _datasets(src, idx, spec, fl, mean, std)
         base = None
         if spec.n_pretrain and spec.pretrain is not None:
-            base = BaseSpec(src.name, tuple(int(i) for i in idx["pretrain"]), tuple(mean), tuple(std),
-                            spec.pretrain[arch])
+            base = BaseSpec(
+                src.name, tuple(int(i) for i in idx["pretrain"]), tuple(mean), tuple(std), spec.pretrain[arch]
+            )
         image, vit = _image_spec(preset, arch, tuple(src.classes)), _vit_spec(preset, arch)
-        api = TaskAPI(name=f"image-cls/{arch}", family="image-cls", arch=arch, image=image, vit=vit,
-                      dp_delta=spec.dp_delta, population_size=len(pop_idx),
-                      loss=loss, per_sample_loss=per_sample_loss, collate=collate,
-                      build_model=functools.partial(build_model, arch, preset, spec.img_size, num_classes, base))
+        api = TaskAPI(
+            name=f"image-cls/{arch}",
+            family="image-cls",
+            arch=arch,
+            image=image,
+            vit=vit,
+            dp_delta=spec.dp_delta,
+            population_size=len(pop_idx),
+            loss=loss,
+            per_sample_loss=per_sample_loss,
+            collate=collate,
+            build_model=functools.partial(build_model, arch, preset, spec.img_size, num_classes, base),
+        )
         model_cfg: dict[str, Any] = {"arch": arch, "seed": MODEL_SEED, "builder": f"models.image.{arch}"}
         if spec.pretrained:
             hub_id, rev = image_models.PAPER_WEIGHTS[arch]
             model_cfg.update({"pretrained": True, "hub_id": hub_id, "revision": rev, "commit": weights[arch]["commit"]})
         else:
-            model_cfg.update({"pretrained": base is not None, "stem_maxpool": False if arch == "resnet34" else None,
-                              "patch_size": vit.patch_size if vit is not None else None})
+            model_cfg.update(
+                {
+                    "pretrained": base is not None,
+                    "stem_maxpool": False if arch == "resnet34" else None,
+                    "patch_size": vit.patch_size if vit is not None else None,
+                }
+            )
             if base is not None:  # the cache key's identity; the weights live in $BENCH_CACHE/image/<key>
-                model_cfg["pretrain"] = {**base.key_spec(arch, preset, spec.img_size, num_classes),
-                                         "images": "the last n_images of the data permutation (disjoint from "
-                                                   "members, non-members and test)", **asdict(base.cfg)}
+                model_cfg["pretrain"] = {
+                    **base.key_spec(arch, preset, spec.img_size, num_classes),
+                    "images": "the last n_images of the data permutation (disjoint from members, non-members and test)",
+                    **asdict(base.cfg),
+                }
         config = {
-            "data": {"source": src.name, "origin": src.origin, "seed": DATA_SEED, "img_size": spec.img_size,
-                     "n_train": len(idx["train"]), "n_test": len(idx["test"]), "n_nonmembers": len(idx["nonmembers"]),
-                     "n_pretrain": len(idx["pretrain"]),
-                     "nonmembers_from": idx["nonmembers_from"], "client_sizes": [n_items(c) for c in d.clients],
-                     "mean": list(mean), "std": list(std)},
+            "data": {
+                "source": src.name,
+                "origin": src.origin,
+                "seed": DATA_SEED,
+                "img_size": spec.img_size,
+                "n_train": len(idx["train"]),
+                "n_test": len(idx["test"]),
+                "n_nonmembers": len(idx["nonmembers"]),
+                "n_pretrain": len(idx["pretrain"]),
+                "nonmembers_from": idx["nonmembers_from"],
+                "client_sizes": [n_items(c) for c in d.clients],
+                "mean": list(mean),
+                "std": list(std),
+            },
             "model": model_cfg,
-            "recon_targets": {"items": d.target_kinds, "labels": [int(y) for _, y in d.targets],
-                              "photo_label_rule": "photo i -> class i % num_classes"},
-            "max_membership": spec.max_membership, "dp_delta": spec.dp_delta,
+            "recon_targets": {
+                "items": d.target_kinds,
+                "labels": [int(y) for _, y in d.targets],
+                "photo_label_rule": "photo i -> class i % num_classes",
+            },
+            "max_membership": spec.max_membership,
+            "dp_delta": spec.dp_delta,
         }
-        tasks.append(Task(scenario="image-cls", variant=arch, preset=preset, api=api, fl=fl, client_data=d.clients,
-                          test_data=d.test, utility=functools.partial(evaluate, data=d.test), nonmembers=d.nonmembers,
-                          recon_targets=d.targets, max_membership=spec.max_membership, config=config,
-                          population=image_data.ImageDataset(src.train_x[pop_idx], src.train_y[pop_idx],
-                                                             size=spec.img_size, mean=mean, std=std)
-                          if len(pop_idx) else None))
+        tasks.append(
+            Task(
+                scenario="image-cls",
+                variant=arch,
+                preset=preset,
+                api=api,
+                fl=fl,
+                client_data=d.clients,
+                test_data=d.test,
+                utility=functools.partial(evaluate, data=d.test),
+                nonmembers=d.nonmembers,
+                recon_targets=d.targets,
+                max_membership=spec.max_membership,
+                config=config,
+                population=image_data.ImageDataset(
+                    src.train_x[pop_idx], src.train_y[pop_idx], size=spec.img_size, mean=mean, std=std
+                )
+                if len(pop_idx)
+                else None,
+            )
+        )
     return tasks

@@ -16,6 +16,7 @@ denoising loss and FID / KID (EfficientNet-Lite0 features) of images generated f
 - ``paper``: Stable Diffusion v1.5 on the BLIP-captioned Pokemon images with Table 5's settings (rank 64,
   alpha 32, 512 px, batch 1, lr 1e-4, 400 epochs), 200/200/200/233 split (Table 4); local files only.
 """
+
 from __future__ import annotations
 
 import copy
@@ -71,34 +72,104 @@ SPECS: dict[str, Spec] = {
     # Tiny model; its UNet is pre-trained for 160 steps on 512 public images (random VAE) so that it
     # denoises at all (a random UNet's LoRA barely memorises); cached. 6 epochs of 32 members = 24 steps.
     "smoke": Spec(
-        model=ldm.LDMConfig(vae_channels=(8, 8, 16), unet_channels=(16, 32), text="hash", text_dim=32, text_len=12,
-                            lora_r=8, lora_alpha=8.0, unet_steps=160, unet_batch=16),
-        n_aux_m=16, n_te_m=16, n_aux_nm=16, n_te_nm=16, n_heldout=16, n_public=512,
-        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=3, batch_size=8, lr=5e-3,
-                    optimizer="adamw", weight_decay=0.0),
-        central_epochs=6, gen_steps=4, max_membership=16,
-        model_label="tiny random LDM (diffusers AutoencoderKL + UNet2DConditionModel)"),
+        model=ldm.LDMConfig(
+            vae_channels=(8, 8, 16),
+            unet_channels=(16, 32),
+            text="hash",
+            text_dim=32,
+            text_len=12,
+            lora_r=8,
+            lora_alpha=8.0,
+            unet_steps=160,
+            unet_batch=16,
+        ),
+        n_aux_m=16,
+        n_te_m=16,
+        n_aux_nm=16,
+        n_te_nm=16,
+        n_heldout=16,
+        n_public=512,
+        fl=FLConfig(
+            num_clients=4,
+            clients_per_round=4,
+            rounds=2,
+            local_epochs=3,
+            batch_size=8,
+            lr=5e-3,
+            optimizer="adamw",
+            weight_decay=0.0,
+        ),
+        central_epochs=6,
+        gen_steps=4,
+        max_membership=16,
+        model_label="tiny random LDM (diffusers AutoencoderKL + UNet2DConditionModel)",
+    ),
     # Pre-trained base (see load_or_pretrain). Measured (seed 0, released LoRA, loss-threshold attack): 40 epochs
     # at alpha 4 left AUROC 0.53 (nothing for a defense to stop); 200 epochs at alpha 8 (scale 1) give 0.65 with
     # held-out denoising loss 0.032 vs 0.030 and the same FID (~135), ~4 min per central training run here.
     "default": Spec(
-        model=ldm.LDMConfig(vae_channels=(8, 16, 32), unet_channels=(32, 64), text="minilm", text_dim=384,
-                            text_len=16, lora_r=8, lora_alpha=8.0, vae_steps=300, vae_batch=32,
-                            unet_steps=1000, unet_batch=64),
-        n_aux_m=64, n_te_m=64, n_aux_nm=64, n_te_nm=64, n_heldout=96, n_public=10000,
-        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=10, local_epochs=4, batch_size=8, lr=1e-3,
-                    optimizer="adamw", weight_decay=0.0),
-        central_epochs=200, gen_steps=20, max_membership=64,
-        model_label="small LDM pre-trained from scratch on public Fashion-MNIST"),
+        model=ldm.LDMConfig(
+            vae_channels=(8, 16, 32),
+            unet_channels=(32, 64),
+            text="minilm",
+            text_dim=384,
+            text_len=16,
+            lora_r=8,
+            lora_alpha=8.0,
+            vae_steps=300,
+            vae_batch=32,
+            unet_steps=1000,
+            unet_batch=64,
+        ),
+        n_aux_m=64,
+        n_te_m=64,
+        n_aux_nm=64,
+        n_te_nm=64,
+        n_heldout=96,
+        n_public=10000,
+        fl=FLConfig(
+            num_clients=4,
+            clients_per_round=4,
+            rounds=10,
+            local_epochs=4,
+            batch_size=8,
+            lr=1e-3,
+            optimizer="adamw",
+            weight_decay=0.0,
+        ),
+        central_epochs=200,
+        gen_steps=20,
+        max_membership=64,
+        model_label="small LDM pre-trained from scratch on public Fashion-MNIST",
+    ),
     # [SMP-LoRA] Table 4 (Pokemon) and Table 5.
     "paper": Spec(
         model=ldm.LDMConfig(image_size=512, text="clip", text_dim=768, text_len=77, lora_r=64, lora_alpha=32.0),
-        n_aux_m=200, n_te_m=200, n_aux_nm=200, n_te_nm=233, n_heldout=0,
-        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=100, local_epochs=4, batch_size=1, lr=1e-4,
-                    optimizer="adamw", weight_decay=0.0),
-        central_epochs=400, gen_steps=50, guidance=7.5, max_membership=200,
-        notes={"lr_schedule": "constant (Table 5)", "proxy_lr_eta1": 1e-5,
-               "utility": "FID/KID against D_te^nm images (no separate held-out split in Table 4)"}),
+        n_aux_m=200,
+        n_te_m=200,
+        n_aux_nm=200,
+        n_te_nm=233,
+        n_heldout=0,
+        fl=FLConfig(
+            num_clients=4,
+            clients_per_round=4,
+            rounds=100,
+            local_epochs=4,
+            batch_size=1,
+            lr=1e-4,
+            optimizer="adamw",
+            weight_decay=0.0,
+        ),
+        central_epochs=400,
+        gen_steps=50,
+        guidance=7.5,
+        max_membership=200,
+        notes={
+            "lr_schedule": "constant (Table 5)",
+            "proxy_lr_eta1": 1e-5,
+            "utility": "FID/KID against D_te^nm images (no separate held-out split in Table 4)",
+        },
+    ),
 }
 
 
@@ -107,11 +178,12 @@ SPECS: dict[str, Spec] = {
 
 
 def _fashion():
-    return fashion_mnist_for('ldm-t2i')
+    return fashion_mnist_for("ldm-t2i")
 
 
-def render_items(images: np.ndarray, labels: np.ndarray, *, seed: int, split: int, canvas: int
-                 ) -> tuple[list[Tensor], list[str], list[int], list[dict]]:
+def render_items(
+    images: np.ndarray, labels: np.ndarray, *, seed: int, split: int, canvas: int
+) -> tuple[list[Tensor], list[str], list[int], list[dict]]:
     """Augment each 28x28 image with its own generator (seed, split, index): deterministic per image."""
     ims, caps, labs, attrs = [], [], [], []
     for i in range(len(images)):
@@ -127,16 +199,23 @@ def render_items(images: np.ndarray, labels: np.ndarray, *, seed: int, split: in
 def make_items(cfg: ldm.LDMConfig, images: np.ndarray, labels: np.ndarray, *, seed: int, split: int) -> list[dict]:
     ims, caps, labs, attrs = render_items(images, labels, seed=seed, split=split, canvas=cfg.image_size)
     states = ldm.encode_captions(cfg, caps)
-    return [{"image": x.half(), "text": states[c].half(), "caption": c, "label": y, "attrs": a}
-            for x, c, y, a in zip(ims, caps, labs, attrs)]
+    return [
+        {"image": x.half(), "text": states[c].half(), "caption": c, "label": y, "attrs": a}
+        for x, c, y, a in zip(ims, caps, labs, attrs)
+    ]
 
 
 def private_splits(p: Spec) -> dict[str, list[dict]]:
     """D_aux^m, D_te^m, D_aux^nm, D_te^nm and the held-out set: disjoint slices of one permutation of the
     Fashion-MNIST test images (the private pool), rendered with per-image augmentations."""
     src = _fashion()
-    sizes = {"aux_members": p.n_aux_m, "te_members": p.n_te_m, "aux_nonmembers": p.n_aux_nm,
-             "te_nonmembers": p.n_te_nm, "heldout": p.n_heldout}
+    sizes = {
+        "aux_members": p.n_aux_m,
+        "te_members": p.n_te_m,
+        "aux_nonmembers": p.n_aux_nm,
+        "te_nonmembers": p.n_te_nm,
+        "heldout": p.n_heldout,
+    }
     need = sum(sizes.values())
     if need > len(src.test_x):
         raise ValueError(f"the private pool has {len(src.test_x)} images, the preset needs {need}")
@@ -146,7 +225,7 @@ def private_splits(p: Spec) -> dict[str, list[dict]]:
         it["source_index"] = int(idx)
     out, start = {}, 0
     for name, n in sizes.items():
-        out[name] = items[start:start + n]
+        out[name] = items[start : start + n]
         start += n
     return out
 
@@ -156,18 +235,27 @@ def public_data(p: Spec) -> tuple[Tensor, Tensor, Tensor]:
     augmented and captioned: (images [N,3,H,W] fp16, unique caption states [U,L,D] fp16, index [N])."""
     src = _fashion()
     idx = np.random.default_rng(p.data_seed + 1).permutation(len(src.train_x))[: p.n_public]
-    ims, caps, _, _ = render_items(src.train_x[idx], src.train_y[idx], seed=p.data_seed, split=0,
-                                   canvas=p.model.image_size)
+    ims, caps, _, _ = render_items(
+        src.train_x[idx], src.train_y[idx], seed=p.data_seed, split=0, canvas=p.model.image_size
+    )
     states = ldm.encode_captions(p.model, caps)
     unique = sorted(states)
     row = {c: i for i, c in enumerate(unique)}
-    return (torch.stack(ims).half(), torch.stack([states[c] for c in unique]).half(),
-            torch.tensor([row[c] for c in caps], dtype=torch.long))
+    return (
+        torch.stack(ims).half(),
+        torch.stack([states[c] for c in unique]).half(),
+        torch.tensor([row[c] for c in caps], dtype=torch.long),
+    )
 
 
 def public_spec(p: Spec) -> dict[str, Any]:
-    return {"source": "fashion-mnist train (Debian dataset-fashion-mnist)", "n": p.n_public, "seed": p.data_seed,
-            "captions": "bench.captions v1", "text": p.model.text}
+    return {
+        "source": "fashion-mnist train (Debian dataset-fashion-mnist)",
+        "n": p.n_public,
+        "seed": p.data_seed,
+        "captions": "bench.captions v1",
+        "text": p.model.text,
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,16 +286,35 @@ def build_task(preset: str) -> Task:
         return _paper_task(p)
     splits = private_splits(p)
     make_base = _base_factory(p)
-    return _assemble("ldm-t2i", preset, p, splits, make_base, ldm.generate,
-                     {"model": p.model_label,
-                      "text_encoder": "hashed bag of words" if p.model.text == "hash" else "all-MiniLM-L6-v2 "
-                      f"({ldm.MINILM_PACKAGE})", "ldm": p.model.arch(),
-                      "pretrain_data": public_spec(p) if p.model.unet_steps else None,
-                      "private_pool": "fashion-mnist test split (10k)"})
+    return _assemble(
+        "ldm-t2i",
+        preset,
+        p,
+        splits,
+        make_base,
+        ldm.generate,
+        {
+            "model": p.model_label,
+            "text_encoder": "hashed bag of words"
+            if p.model.text == "hash"
+            else f"all-MiniLM-L6-v2 ({ldm.MINILM_PACKAGE})",
+            "ldm": p.model.arch(),
+            "pretrain_data": public_spec(p) if p.model.unet_steps else None,
+            "private_pool": "fashion-mnist test split (10k)",
+        },
+    )
 
 
-def _assemble(name: str, preset: str, p: Spec, splits: dict[str, list[dict]], make_base, generate,
-              model_cfg: dict[str, Any], n_blocks: int | None = None) -> Task:
+def _assemble(
+    name: str,
+    preset: str,
+    p: Spec,
+    splits: dict[str, list[dict]],
+    make_base,
+    generate,
+    model_cfg: dict[str, Any],
+    n_blocks: int | None = None,
+) -> Task:
     members = Items(splits["aux_members"] + splits["te_members"])
     nonmembers = Items(splits["aux_nonmembers"] + splits["te_nonmembers"])
     heldout = Items(splits["heldout"] or splits["te_nonmembers"])
@@ -216,41 +323,88 @@ def _assemble(name: str, preset: str, p: Spec, splits: dict[str, list[dict]], ma
 
     def build_model() -> nn.Module:
         """The base LDM with fresh LoRA on the UNet attention projections (B = 0: equals the base)."""
-        return ldm.add_lora(make_base(), r=p.model.lora_r, alpha=p.model.lora_alpha, targets=p.model.lora_targets,
-                            seed=p.model_seed)
+        return ldm.add_lora(
+            make_base(), r=p.model.lora_r, alpha=p.model.lora_alpha, targets=p.model.lora_targets, seed=p.model_seed
+        )
 
     n_blocks = _unet_blocks(p) if n_blocks is None else n_blocks
     diffusion = _diffusion_spec(p)
-    api = TaskAPI(name=name, family="ldm-t2i", arch="unet", num_layers=n_blocks,
-                  lora=LoraSpec(r=p.model.lora_r, alpha=p.model.lora_alpha, targets=tuple(p.model.lora_targets)),
-                  diffusion=diffusion, aux_sets=True,
-                  diffusion_ops=DiffusionOps(loss_at_timestep=ldm.loss_at_timestep,
-                                             loss_at_timesteps=ldm.loss_at_timesteps, denoise_error=ldm.denoise_error),
-                  loss=ldm.train_loss, per_sample_loss=ldm.per_sample_loss, collate=ldm.collate,
-                  build_model=build_model, logits=None)
+    api = TaskAPI(
+        name=name,
+        family="ldm-t2i",
+        arch="unet",
+        num_layers=n_blocks,
+        lora=LoraSpec(r=p.model.lora_r, alpha=p.model.lora_alpha, targets=tuple(p.model.lora_targets)),
+        diffusion=diffusion,
+        aux_sets=True,
+        diffusion_ops=DiffusionOps(
+            loss_at_timestep=ldm.loss_at_timestep,
+            loss_at_timesteps=ldm.loss_at_timesteps,
+            denoise_error=ldm.denoise_error,
+        ),
+        loss=ldm.train_loss,
+        per_sample_loss=ldm.per_sample_loss,
+        collate=ldm.collate,
+        build_model=build_model,
+        logits=None,
+    )
     real = torch.stack([it["image"].float() for it in heldout.items])
     texts = torch.stack([it["text"].float() for it in heldout.items])
     utility = make_generation_utility(
-        real, texts, generate=generate, steps=p.gen_steps, guidance=p.guidance, seed=p.data_seed,
-        heldout_loss=mean_loss(ldm.per_sample_loss, ldm.collate, heldout.items, batch_size=32))
+        real,
+        texts,
+        generate=generate,
+        steps=p.gen_steps,
+        guidance=p.guidance,
+        seed=p.data_seed,
+        heldout_loss=mean_loss(ldm.per_sample_loss, ldm.collate, heldout.items, batch_size=32),
+    )
     sizes = {k: len(v) for k, v in splits.items()}
-    config = {**model_cfg, "splits": sizes, "client_sizes": [len(c) for c in parts], "central_epochs": p.central_epochs,
-              "lora": {"r": p.model.lora_r, "alpha": p.model.lora_alpha, "targets": list(p.model.lora_targets)},
-              "eval_timesteps": diffusion.eval_timesteps, "gen_steps": p.gen_steps, "guidance": p.guidance,
-              "data_seed": p.data_seed, "model_seed": p.model_seed, **p.notes}
-    extras = {"aux_members": list(splits["aux_members"]), "aux_nonmembers": list(splits["aux_nonmembers"]),
-              "te_members": list(splits["te_members"]), "te_nonmembers": list(splits["te_nonmembers"])}
+    config = {
+        **model_cfg,
+        "splits": sizes,
+        "client_sizes": [len(c) for c in parts],
+        "central_epochs": p.central_epochs,
+        "lora": {"r": p.model.lora_r, "alpha": p.model.lora_alpha, "targets": list(p.model.lora_targets)},
+        "eval_timesteps": diffusion.eval_timesteps,
+        "gen_steps": p.gen_steps,
+        "guidance": p.guidance,
+        "data_seed": p.data_seed,
+        "model_seed": p.model_seed,
+        **p.notes,
+    }
+    extras = {
+        "aux_members": list(splits["aux_members"]),
+        "aux_nonmembers": list(splits["aux_nonmembers"]),
+        "te_members": list(splits["te_members"]),
+        "te_nonmembers": list(splits["te_nonmembers"]),
+    }
     # membership is evaluated on D_te^m vs D_te^nm only ([SMP-LoRA] Table 4), never on D_aux, which the
     # MP-/SMP-LoRA proxy trained on; D_aux is the attacker's auxiliary split (its h', App. E)
     n_am, n_anm = len(splits["aux_members"]), len(splits["aux_nonmembers"])
     flat = [i for idx in parts for i in idx]  # member positions in the clients' concatenated data
-    eval_subsets = {"central": list(range(n_am, len(members))),
-                    "clients": [j for j, i in enumerate(flat) if i >= n_am],
-                    "nonmembers": list(range(n_anm, len(nonmembers)))}
-    return Task(scenario="ldm-t2i", variant="", preset=preset, api=api, fl=p.fl, client_data=client_data,
-                test_data=heldout, utility=utility, nonmembers=nonmembers, central_data=members,
-                central_epochs=p.central_epochs, max_membership=p.max_membership, extras=extras, config=config,
-                eval_subsets=eval_subsets)
+    eval_subsets = {
+        "central": list(range(n_am, len(members))),
+        "clients": [j for j, i in enumerate(flat) if i >= n_am],
+        "nonmembers": list(range(n_anm, len(nonmembers))),
+    }
+    return Task(
+        scenario="ldm-t2i",
+        variant="",
+        preset=preset,
+        api=api,
+        fl=p.fl,
+        client_data=client_data,
+        test_data=heldout,
+        utility=utility,
+        nonmembers=nonmembers,
+        central_data=members,
+        central_epochs=p.central_epochs,
+        max_membership=p.max_membership,
+        extras=extras,
+        config=config,
+        eval_subsets=eval_subsets,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -281,7 +435,8 @@ def _paper_task(p: Spec) -> Task:
             f"as image + .txt caption pairs in a folder named by ${PAPER_DATA_ENV}; papers/004's code ships them: "
             f"`git clone https://github.com/{PAPER_DATA_REPO} && "
             f"git -C StablePrivateLoRA checkout {PAPER_DATA_COMMIT}` "
-            f"then `export {PAPER_DATA_ENV}=$PWD/StablePrivateLoRA/dataset/Pokemon/1_pokemon`")
+            f"then `export {PAPER_DATA_ENV}=$PWD/StablePrivateLoRA/dataset/Pokemon/1_pokemon`"
+        )
     ims, caps = _paper_images(folder, p.model.image_size)
     need = p.n_aux_m + p.n_te_m + p.n_aux_nm + p.n_te_nm
     if len(ims) < need:
@@ -289,23 +444,44 @@ def _paper_task(p: Spec) -> Task:
     with torch.no_grad():
         states = {}
         for i in range(0, len(caps), 32):
-            t = tok(caps[i:i + 32], padding="max_length", max_length=tok.model_max_length, truncation=True,
-                    return_tensors="pt")
-            for c, s in zip(caps[i:i + 32], text_model(t.input_ids)[0]):
+            t = tok(
+                caps[i : i + 32],
+                padding="max_length",
+                max_length=tok.model_max_length,
+                truncation=True,
+                return_tensors="pt",
+            )
+            for c, s in zip(caps[i : i + 32], text_model(t.input_ids)[0]):
                 states[c] = s.half()
     perm = np.random.default_rng(p.data_seed).permutation(len(ims))
-    items = [{"image": ims[i].half(), "text": states[caps[i]], "caption": caps[i], "label": 0, "attrs": {}}
-             for i in perm]
+    items = [
+        {"image": ims[i].half(), "text": states[caps[i]], "caption": caps[i], "label": 0, "attrs": {}} for i in perm
+    ]
     splits, start = {}, 0
-    for name, n in (("aux_members", p.n_aux_m), ("te_members", p.n_te_m), ("aux_nonmembers", p.n_aux_nm),
-                    ("te_nonmembers", p.n_te_nm)):
-        splits[name] = items[start:start + n]
+    for name, n in (
+        ("aux_members", p.n_aux_m),
+        ("te_members", p.n_te_m),
+        ("aux_nonmembers", p.n_aux_nm),
+        ("te_nonmembers", p.n_te_nm),
+    ):
+        splits[name] = items[start : start + n]
         start += n
     splits["heldout"] = []
-    return _assemble("ldm-t2i", "paper", p, splits, lambda: copy.deepcopy(model), ldm.generate,
-                     {"model": ldm.SD15_ID, "model_revision": ldm.SD15_REVISION, "text_encoder": "SD v1.5 CLIP",
-                      "data": f"{PAPER_DATA_REPO}@{PAPER_DATA_COMMIT}:dataset/Pokemon/1_pokemon"},
-                     n_blocks=ldm.num_attention_blocks(model))
+    return _assemble(
+        "ldm-t2i",
+        "paper",
+        p,
+        splits,
+        lambda: copy.deepcopy(model),
+        ldm.generate,
+        {
+            "model": ldm.SD15_ID,
+            "model_revision": ldm.SD15_REVISION,
+            "text_encoder": "SD v1.5 CLIP",
+            "data": f"{PAPER_DATA_REPO}@{PAPER_DATA_COMMIT}:dataset/Pokemon/1_pokemon",
+        },
+        n_blocks=ldm.num_attention_blocks(model),
+    )
 
 
 def _unet_blocks(p: Spec) -> int:
@@ -314,8 +490,11 @@ def _unet_blocks(p: Spec) -> int:
 
 
 def _diffusion_spec(p: Spec) -> DiffusionSpec:
-    return DiffusionSpec(num_timesteps=p.model.num_train_timesteps, image_size=p.model.image_size,
-                         eval_timesteps=tuple(ldm.eval_timesteps(p.model.num_train_timesteps)))
+    return DiffusionSpec(
+        num_timesteps=p.model.num_train_timesteps,
+        image_size=p.model.image_size,
+        eval_timesteps=tuple(ldm.eval_timesteps(p.model.num_train_timesteps)),
+    )
 
 
 def specs(preset: str):
@@ -327,10 +506,21 @@ def specs(preset: str):
     p = preset_entry(SPECS, preset)
     if preset == "paper" or not fashion_mnist_installed():
         return None
-    return [DeclaredTask("ldm-t2i", TaskSpec(
-        name="ldm-t2i", family="ldm-t2i", arch="unet", num_layers=_unet_blocks(p),
-        lora=LoraSpec(r=p.model.lora_r, alpha=p.model.lora_alpha, targets=tuple(p.model.lora_targets)),
-        diffusion=_diffusion_spec(p), aux_sets=True), p.fl)]
+    return [
+        DeclaredTask(
+            "ldm-t2i",
+            TaskSpec(
+                name="ldm-t2i",
+                family="ldm-t2i",
+                arch="unet",
+                num_layers=_unet_blocks(p),
+                lora=LoraSpec(r=p.model.lora_r, alpha=p.model.lora_alpha, targets=tuple(p.model.lora_targets)),
+                diffusion=_diffusion_spec(p),
+                aux_sets=True,
+            ),
+            p.fl,
+        )
+    ]
 
 
 @register_scenario(name="ldm-t2i")

@@ -12,6 +12,7 @@ categories (Hsu et al. 2019). Presets:
   on the Debian fortunes, 32 tokens per text, 250 evaluation candidates per side.
 - ``paper``: LLaMA-2-7B 4-bit on Alpaca-GPT4 with DP-FedLoRA's settings ([DP-FedLoRA] s.V-A).
 """
+
 from __future__ import annotations
 
 import copy
@@ -71,12 +72,31 @@ SPECS: dict[str, Spec] = {
     # Over-fits on purpose (many local epochs, high lr, small clients) so that the positive controls of
     # the membership attacks have something to find; a FedAvg run takes seconds.
     "smoke": Spec(
-        model="tiny-llama", data="fortunes", n_members=96, n_nonmembers=96, n_test=64, max_len=32,
-        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=2, batch_size=8, lr=1e-2,
-                    optimizer="adamw", weight_decay=0.0, dirichlet_alpha=0.5),
-        lora_r=16, lora_alpha=32, lora_dropout=0.0,
+        model="tiny-llama",
+        data="fortunes",
+        n_members=96,
+        n_nonmembers=96,
+        n_test=64,
+        max_len=32,
+        fl=FLConfig(
+            num_clients=4,
+            clients_per_round=4,
+            rounds=2,
+            local_epochs=2,
+            batch_size=8,
+            lr=1e-2,
+            optimizer="adamw",
+            weight_decay=0.0,
+            dirichlet_alpha=0.5,
+        ),
+        lora_r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
         lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        tiny=dict(hidden=64, layers=5, heads=4, intermediate=128), max_membership=32, compact_vocab=True),
+        tiny=dict(hidden=64, layers=5, heads=4, intermediate=128),
+        max_membership=32,
+        compact_vocab=True,
+    ),
     # Calibrated for the positive control (issue 11): the undefended FedAvg baseline must leak clearly in
     # every view, with >= 250 evaluation candidates per side (bench.cells holds back max(8, 250 // 4) = 62
     # per side for the attacker's aux split, so 312 members and 400 non-members). All 4 clients train in
@@ -93,22 +113,61 @@ SPECS: dict[str, Spec] = {
     # machine shared with ~7 processes: 7.7-27 s per step (248 s per 32 steps at the lightest load); not yet
     # confirmed with `bench run` at 250 candidates per side (see the lm report).
     "default": Spec(
-        model="smollm2-135m", data="fortunes", n_members=312, n_nonmembers=400, n_test=128, max_len=32,
-        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=4, local_epochs=1, batch_size=8, lr=5e-3,
-                    optimizer="adamw", weight_decay=1e-6, dirichlet_alpha=0.5, max_local_steps=None),
-        lora_r=16, lora_alpha=32, lora_dropout=0.05,
+        model="smollm2-135m",
+        data="fortunes",
+        n_members=312,
+        n_nonmembers=400,
+        n_test=128,
+        max_len=32,
+        fl=FLConfig(
+            num_clients=4,
+            clients_per_round=4,
+            rounds=4,
+            local_epochs=1,
+            batch_size=8,
+            lr=5e-3,
+            optimizer="adamw",
+            weight_decay=1e-6,
+            dirichlet_alpha=0.5,
+            max_local_steps=None,
+        ),
+        lora_r=16,
+        lora_alpha=32,
+        lora_dropout=0.05,
         lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        max_membership=250, central_epochs=4),
+        max_membership=250,
+        central_epochs=4,
+    ),
     # DP-FedLoRA s.V-A: 20 clients, 2 per round, 200 rounds of 10 local steps, AdamW, batch 16,
     # 512 tokens, LoRA r=32 alpha=64; 20,000 Alpaca-GPT4 samples (its public script's --dataset_sample).
     "paper": Spec(
-        model="llama-2-7b", data="alpaca-gpt4", n_members=20000, n_nonmembers=2000, n_test=1000, max_len=512,
-        fl=FLConfig(num_clients=20, clients_per_round=2, rounds=200, local_epochs=1, batch_size=16, lr=5e-5,
-                    optimizer="adamw", weight_decay=0.0, dirichlet_alpha=None, max_local_steps=10),
-        lora_r=32, lora_alpha=64, lora_dropout=0.05,
-        notes={"lr_schedule": "paper: cosine over rounds from 5e-5 to 1e-6; the harness trains with the "
-                              "constant lr 5e-5", "split": "IID as in OpenFedLLM (Alpaca has no categories)",
-               "loss": "causal-LM loss over the whole prompt + response"}),
+        model="llama-2-7b",
+        data="alpaca-gpt4",
+        n_members=20000,
+        n_nonmembers=2000,
+        n_test=1000,
+        max_len=512,
+        fl=FLConfig(
+            num_clients=20,
+            clients_per_round=2,
+            rounds=200,
+            local_epochs=1,
+            batch_size=16,
+            lr=5e-5,
+            optimizer="adamw",
+            weight_decay=0.0,
+            dirichlet_alpha=None,
+            max_local_steps=10,
+        ),
+        lora_r=32,
+        lora_alpha=64,
+        lora_dropout=0.05,
+        notes={
+            "lr_schedule": "paper: cosine over rounds from 5e-5 to 1e-6; the harness trains with the constant lr 5e-5",
+            "split": "IID as in OpenFedLLM (Alpaca has no categories)",
+            "loss": "causal-LM loss over the whole prompt + response",
+        },
+    ),
 }
 
 
@@ -194,8 +253,9 @@ def _corpus(p: Spec) -> tuple[TextCorpus, dict[str, Any]]:
     return corpus, {"data": ALPACA_GPT4_ID, "data_revision": commit, "corpus_size": len(corpus)}
 
 
-def _tokenizer_and_base(p: Spec, texts: Sequence[str] | None = None
-                        ) -> tuple[Any, Callable[[], nn.Module], Any, dict[str, Any]]:
+def _tokenizer_and_base(
+    p: Spec, texts: Sequence[str] | None = None
+) -> tuple[Any, Callable[[], nn.Module], Any, dict[str, Any]]:
     """The tokenizer, a factory of fresh base models (loaded once, deep-copied per call), the model
     config (read without loading weights for the paper model) and what to record in the task config.
     ``texts``: restrict the tiny model's vocabulary to the ids these texts use (smoke)."""
@@ -204,12 +264,20 @@ def _tokenizer_and_base(p: Spec, texts: Sequence[str] | None = None
         if texts is not None:
             tok = CompactVocab(tok, texts)
         make = lambda: llm.tiny_llama(tok, p.model_seed, **p.tiny)  # noqa: E731
-        return tok, make, make().config, {"model": f"tiny-llama(random, seed {p.model_seed}, {p.tiny})",
-                                          "tokenizer": tok.name_or_path}
+        return (
+            tok,
+            make,
+            make().config,
+            {"model": f"tiny-llama(random, seed {p.model_seed}, {p.tiny})", "tokenizer": tok.name_or_path},
+        )
     if p.model == "smollm2-135m":
         base, tok = llm.smollm2_base()
-        return tok, (lambda: copy.deepcopy(base)), base.config, {
-            "model": f"{llm.SMOLLM2_NAME} ({llm.SMOLLM2_PACKAGE} {llm.md.version(llm.SMOLLM2_PACKAGE)} GGUF)"}
+        return (
+            tok,
+            (lambda: copy.deepcopy(base)),
+            base.config,
+            {"model": f"{llm.SMOLLM2_NAME} ({llm.SMOLLM2_PACKAGE} {llm.md.version(llm.SMOLLM2_PACKAGE)} GGUF)"},
+        )
     from transformers import AutoConfig
 
     path = llm.resolve_local(llm.LLAMA2_ID, llm.LLAMA2_REVISION)  # fails at once, naming hub id and revision
@@ -218,8 +286,12 @@ def _tokenizer_and_base(p: Spec, texts: Sequence[str] | None = None
     def paper_base() -> nn.Module:  # re-loaded per call: bitsandbytes 4-bit weights do not deep-copy safely
         return llm.paper_llm(llm.LLAMA2_ID, llm.LLAMA2_REVISION)[0]
 
-    return tok, paper_base, AutoConfig.from_pretrained(str(path), local_files_only=True), {
-        "model": llm.LLAMA2_ID, "model_revision": llm.LLAMA2_REVISION, "quantization": "4-bit nf4"}
+    return (
+        tok,
+        paper_base,
+        AutoConfig.from_pretrained(str(path), local_files_only=True),
+        {"model": llm.LLAMA2_ID, "model_revision": llm.LLAMA2_REVISION, "quantization": "4-bit nf4"},
+    )
 
 
 # Attacker-side population texts per preset (reference models, [RMIA] / [LiRA]): corpus texts in no other role;
@@ -232,7 +304,7 @@ def _population(corpus: TextCorpus, used: Sequence[Sequence[int]], n: int, seed:
     """Up to ``n`` corpus positions that are no member, non-member or test text, in a seeded order."""
     taken = {int(i) for idx in used for i in idx}
     order = np.random.default_rng([seed, 0x504F50]).permutation(len(corpus)).tolist()
-    return [i for i in order if i not in taken][:max(n, 0)]
+    return [i for i in order if i not in taken][: max(n, 0)]
 
 
 def build_task(preset: str) -> Task:
@@ -244,8 +316,9 @@ def build_task(preset: str) -> Task:
     want = p.n_members + p.n_nonmembers + p.n_test
     if want > n:
         raise ValueError(f"preset {preset} needs {want} texts, the corpus has {n}")
-    members, nonmembers, test = stratified_split(corpus.labels, [p.n_members / n, p.n_nonmembers / n, p.n_test / n],
-                                                 seed=p.data_seed)
+    members, nonmembers, test = stratified_split(
+        corpus.labels, [p.n_members / n, p.n_nonmembers / n, p.n_test / n], seed=p.data_seed
+    )
     if p.compact_vocab:
         used = [corpus.texts[i] for idx in (members, nonmembers, test) for i in idx]
         tok, make_base, hf_config, model_cfg = _tokenizer_and_base(p, used)
@@ -264,25 +337,61 @@ def build_task(preset: str) -> Task:
 
     def build_model() -> nn.Module:
         """The base LM with fresh LoRA adapters (A from model_seed, B = 0): deterministic."""
-        return llm.add_lora(make_base(), r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
-                            targets=p.lora_targets, seed=p.model_seed)
+        return llm.add_lora(
+            make_base(),
+            r=p.lora_r,
+            alpha=p.lora_alpha,
+            dropout=p.lora_dropout,
+            targets=p.lora_targets,
+            seed=p.model_seed,
+        )
 
-    api = TaskAPI(name="llm-text", family="llm-text", arch="llama", num_layers=int(hf_config.num_hidden_layers),
-                  lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)), parts=("text",),
-                  tokens=TokenSpec(vocab_size=int(hf_config.vocab_size), max_len=p.max_len, pad_id=pid,
-                                   num_categories=len(corpus.categories)),
-                  loss=lm_loss, per_sample_loss=lm_per_sample_loss, collate=collate, build_model=build_model,
-                  logits=lm_logits, population_size=len(pop))
-    config = {**model_cfg, **data_cfg, "max_len": p.max_len, "n_members": len(member_ds),
-              "n_nonmembers": len(nonmember_ds), "n_test": len(test_ds), "client_sizes": [len(c) for c in parts],
-              "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout,
-                       "targets": list(p.lora_targets)},
-              "data_seed": p.data_seed, "model_seed": p.model_seed, **p.notes}
-    return Task(scenario="llm-text", variant="", preset=preset, api=api, fl=p.fl, client_data=client_data,
-                test_data=test_ds, utility=make_utility(test_ds, collate, p.fl.batch_size), nonmembers=nonmember_ds,
-                central_data=member_ds, central_epochs=p.central_epochs or p.fl.local_epochs,
-                max_membership=p.max_membership,
-                config=config, population=texts(pop) if pop else None)
+    api = TaskAPI(
+        name="llm-text",
+        family="llm-text",
+        arch="llama",
+        num_layers=int(hf_config.num_hidden_layers),
+        lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)),
+        parts=("text",),
+        tokens=TokenSpec(
+            vocab_size=int(hf_config.vocab_size), max_len=p.max_len, pad_id=pid, num_categories=len(corpus.categories)
+        ),
+        loss=lm_loss,
+        per_sample_loss=lm_per_sample_loss,
+        collate=collate,
+        build_model=build_model,
+        logits=lm_logits,
+        population_size=len(pop),
+    )
+    config = {
+        **model_cfg,
+        **data_cfg,
+        "max_len": p.max_len,
+        "n_members": len(member_ds),
+        "n_nonmembers": len(nonmember_ds),
+        "n_test": len(test_ds),
+        "client_sizes": [len(c) for c in parts],
+        "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
+        "data_seed": p.data_seed,
+        "model_seed": p.model_seed,
+        **p.notes,
+    }
+    return Task(
+        scenario="llm-text",
+        variant="",
+        preset=preset,
+        api=api,
+        fl=p.fl,
+        client_data=client_data,
+        test_data=test_ds,
+        utility=make_utility(test_ds, collate, p.fl.batch_size),
+        nonmembers=nonmember_ds,
+        central_data=member_ds,
+        central_epochs=p.central_epochs or p.fl.local_epochs,
+        max_membership=p.max_membership,
+        config=config,
+        population=texts(pop) if pop else None,
+    )
 
 
 # Transformer blocks of the non-tiny models (their configs' num_hidden_layers), so planning loads no model.
@@ -299,10 +408,21 @@ def specs(preset: str):
     if preset == "paper":
         return None
     layers = p.tiny["layers"] if p.model == "tiny-llama" else NUM_LAYERS[p.model]
-    return [DeclaredTask("llm-text", TaskSpec(
-        name="llm-text", family="llm-text", arch="llama", num_layers=layers,
-        lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)), parts=("text",),
-        population_size=N_POPULATION[preset]), p.fl)]
+    return [
+        DeclaredTask(
+            "llm-text",
+            TaskSpec(
+                name="llm-text",
+                family="llm-text",
+                arch="llama",
+                num_layers=layers,
+                lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)),
+                parts=("text",),
+                population_size=N_POPULATION[preset],
+            ),
+            p.fl,
+        )
+    ]
 
 
 @register_scenario(name="llm-text")

@@ -17,6 +17,7 @@ disjoint from the pool) and then frozen (:mod:`models.vlm`). Presets:
 - ``paper``: TinyLLaVA-OpenELM-450M-CLIP-0.55B and MSCOCO (Karpathy split) with [FedRand]'s settings
   (12 clients, 4 per round, 30 rounds, rank 8); local files only.
 """
+
 from __future__ import annotations
 
 import copy
@@ -84,17 +85,36 @@ SPECS: dict[str, Spec] = {
     # AUROC 0.87-0.93 at 6 local epochs (0.76-0.86 at 4); the image slice stays at 0.41-0.61.
     # The projector stays random and frozen: aligning it to a random LM teaches it nothing.
     "smoke": Spec(
-        model="tiny", n_members=96, n_nonmembers=96, n_test=48,
-        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=2, local_epochs=6, batch_size=8, lr=5e-3,
-                    optimizer="adamw", weight_decay=0.0, dirichlet_alpha=0.5),
-        lora_r=16, lora_alpha=32, lora_dropout=0.0,
+        model="tiny",
+        n_members=96,
+        n_nonmembers=96,
+        n_test=48,
+        fl=FLConfig(
+            num_clients=4,
+            clients_per_round=4,
+            rounds=2,
+            local_epochs=6,
+            batch_size=8,
+            lr=5e-3,
+            optimizer="adamw",
+            weight_decay=0.0,
+            dirichlet_alpha=0.5,
+        ),
+        lora_r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
         lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        canvas=32, side=2, gen_items=8, gen_tokens=16, max_membership=32,
+        canvas=32,
+        side=2,
+        gen_items=8,
+        gen_tokens=16,
+        max_membership=32,
         # init_std 0.2 (llm-text smoke: 0.1): the tied output layer after RMSNorm bounds the logits, and at
         # 0.1 even a memorised token keeps a Rényi-0.5 entropy near 3 nats over the small vocabulary, so
         # MaxRényi could not separate members (measured at 4 local epochs, client view: AUROC 0.55-0.6 at 0.1,
         # 0.85-0.89 at 0.2 over 3 seeds; one seed: 0.62 at 0.4, 0.41 at 0.6 - confidently wrong on non-members).
-        tiny=dict(hidden=64, layers=5, heads=4, intermediate=128, init_std=0.2)),
+        tiny=dict(hidden=64, layers=5, heads=4, intermediate=128, init_std=0.2),
+    ),
     # Candidates and participation as llm-text default (issue 11): 312 members over 4 clients, all 4 in every
     # round, 250 candidates per side in the global view (the aux split holds back 62 per side), 312 non-members.
     # Visual tokens: EfficientNet-Lite0 at 224 px gives a 7x7 feature map, kept whole as 49 visual tokens
@@ -113,28 +133,74 @@ SPECS: dict[str, Spec] = {
     # on FedAvg seed 0: client-view loss-attack AUROC 0.93 (0.67 at lr 3e-4), MaxRenyi-10% caption 0.56,
     # held-out class accuracy 0.40 (the aligned base model: 0.19).
     "default": Spec(
-        model="effnet-smollm2", n_members=312, n_nonmembers=312, n_test=128,
-        fl=FLConfig(num_clients=4, clients_per_round=4, rounds=4, local_epochs=1, batch_size=8, lr=5e-3,
-                    optimizer="adamw", weight_decay=1e-6, dirichlet_alpha=0.5, max_local_steps=None),
-        lora_r=16, lora_alpha=32, lora_dropout=0.05,
+        model="effnet-smollm2",
+        n_members=312,
+        n_nonmembers=312,
+        n_test=128,
+        fl=FLConfig(
+            num_clients=4,
+            clients_per_round=4,
+            rounds=4,
+            local_epochs=1,
+            batch_size=8,
+            lr=5e-3,
+            optimizer="adamw",
+            weight_decay=1e-6,
+            dirichlet_alpha=0.5,
+            max_local_steps=None,
+        ),
+        lora_r=16,
+        lora_alpha=32,
+        lora_dropout=0.05,
         lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        canvas=64, side=7, encoder_size=224, max_membership=250, central_epochs=4,
+        canvas=64,
+        side=7,
+        encoder_size=224,
+        max_membership=250,
+        central_epochs=4,
         # stage-1 alignment (batch 16, backward through the frozen LM; cached once per projector_key): ~13 min at
         # side 2 on a quiet machine; side 7 (87-token sequences) re-aligns: measured one step at 34.6 s CPU / 211 s
         # wall under load ~17 (~115 min CPU for 200 steps there); scaled as the training steps, ~30 min quiet
-        n_public=3200, projector_steps=200, projector_batch=16, projector_lr=2e-3, gen_items=48, gen_tokens=24),
+        n_public=3200,
+        projector_steps=200,
+        projector_batch=16,
+        projector_lr=2e-3,
+        gen_items=48,
+        gen_tokens=24,
+    ),
     # [FedRand] s.4.1 and App. A.1: 50k MSCOCO training images, 5k held out; 12 clients, 4 per round, 30 rounds
     # of one local epoch, AdamW 3e-4, wd 1e-6, batch 8, LoRA rank 8; 300 members vs 300 non-members.
     "paper": Spec(
-        model="tinyllava", n_members=50000, n_nonmembers=5000, n_test=5000,
-        fl=FLConfig(num_clients=12, clients_per_round=4, rounds=30, local_epochs=1, batch_size=8, lr=3e-4,
-                    optimizer="adamw", weight_decay=1e-6, dirichlet_alpha=None),
-        lora_r=8, lora_alpha=16, lora_dropout=0.05, lora_targets=vlm.OPENELM_LORA_TARGETS, max_caption_tokens=64,
-        gen_items=5000, gen_tokens=32, max_membership=300,
-        notes={"split": "IID: the Karpathy split has no object classes (papers/000 splits MSCOCO by object class "
-                        "with Dirichlet(0.5))",
-               "nonmembers": "held-out MSCOCO (same distribution); papers/000 used NoCaps (a distribution shift)",
-               "lora_alpha": "not stated in papers/000; 2 x rank"}),
+        model="tinyllava",
+        n_members=50000,
+        n_nonmembers=5000,
+        n_test=5000,
+        fl=FLConfig(
+            num_clients=12,
+            clients_per_round=4,
+            rounds=30,
+            local_epochs=1,
+            batch_size=8,
+            lr=3e-4,
+            optimizer="adamw",
+            weight_decay=1e-6,
+            dirichlet_alpha=None,
+        ),
+        lora_r=8,
+        lora_alpha=16,
+        lora_dropout=0.05,
+        lora_targets=vlm.OPENELM_LORA_TARGETS,
+        max_caption_tokens=64,
+        gen_items=5000,
+        gen_tokens=32,
+        max_membership=300,
+        notes={
+            "split": "IID: the Karpathy split has no object classes (papers/000 splits MSCOCO by object class "
+            "with Dirichlet(0.5))",
+            "nonmembers": "held-out MSCOCO (same distribution); papers/000 used NoCaps (a distribution shift)",
+            "lora_alpha": "not stated in papers/000; 2 x rank",
+        },
+    ),
 }
 
 
@@ -178,7 +244,7 @@ def vlm_logits(model: vlm.SmallVLM, batch: dict[str, Tensor], part: str) -> tupl
     if part == "caption":  # right padding under causal attention: no mask needed (models.vlm.caption_nll)
         s = lay.prompt_len - 1  # the logit at position t predicts token t + 1
         logits = model(ids, None, images, keep=ids.shape[1] - s)[:, :-1].float()
-        return logits, ids[:, s + 1:], batch["caption_mask"].to(dev)[:, s + 1:].bool()
+        return logits, ids[:, s + 1 :], batch["caption_mask"].to(dev)[:, s + 1 :].bool()
     raise ValueError(f"vlm-caption has the parts 'image' and 'caption', got {part!r}")
 
 
@@ -207,7 +273,7 @@ def make_generate(tokenizer, max_new_tokens: int) -> Callable[[vlm.SmallVLM, dic
 
 
 def _fashion():
-    return fashion_mnist_for('vlm-caption')
+    return fashion_mnist_for("vlm-caption")
 
 
 # Phrasings of one grounded caption (the first is bench.captions.caption). Each image is trained with one of
@@ -224,13 +290,24 @@ TEMPLATES: tuple[str, ...] = (
 
 
 def phrasings(class_name: str, attrs: cap.Attributes) -> list[str]:
-    return [t.format(size=attrs.size, tint=attrs.tint, cls=class_name, position=attrs.position, rotation=attrs.rotation)
-            for t in TEMPLATES]
+    return [
+        t.format(size=attrs.size, tint=attrs.tint, cls=class_name, position=attrs.position, rotation=attrs.rotation)
+        for t in TEMPLATES
+    ]
 
 
-def render_items(images: np.ndarray, labels: np.ndarray, *, seed: int, split: int, canvas: int, tokenizer,
-                 layout: vlm.PromptLayout, max_caption_tokens: int,
-                 source_index: Sequence[int] | np.ndarray) -> list[dict]:
+def render_items(
+    images: np.ndarray,
+    labels: np.ndarray,
+    *,
+    seed: int,
+    split: int,
+    canvas: int,
+    tokenizer,
+    layout: vlm.PromptLayout,
+    max_caption_tokens: int,
+    source_index: Sequence[int] | np.ndarray,
+) -> list[dict]:
     """Augment and caption each 28x28 image with its own generator (seed, split, source index): the training
     caption is one of its :data:`TEMPLATES` phrasings, all of them are its references."""
     out = []
@@ -240,16 +317,31 @@ def render_items(images: np.ndarray, labels: np.ndarray, *, seed: int, split: in
         refs = phrasings(cap.CLASS_NAMES[int(y)], a)
         text = refs[int(rng.integers(len(refs)))]
         ids, cmask = layout.encode(vlm.caption_token_ids(tokenizer, text), max_caption_tokens)
-        out.append({"image": x.half(), "input_ids": ids, "caption_mask": cmask, "caption": text, "refs": refs,
-                    "label": int(y), "attrs": {k: getattr(a, k) for k in ("size", "position", "rotation", "tint")},
-                    "source_index": int(src)})
+        out.append(
+            {
+                "image": x.half(),
+                "input_ids": ids,
+                "caption_mask": cmask,
+                "caption": text,
+                "refs": refs,
+                "label": int(y),
+                "attrs": {k: getattr(a, k) for k in ("size", "position", "rotation", "tint")},
+                "source_index": int(src),
+            }
+        )
     return out
 
 
 def caption_words() -> list[str]:
     """Every word the grounded captions use (the smoke tokenizer's vocabulary besides the prompt)."""
-    phrases = ([w for t in TEMPLATES for w in t.replace(",", " , ").split() if not w.startswith("{")]
-               + list(cap.CLASS_NAMES) + list(cap.SIZES) + list(cap.TINTS) + list(cap.POSITIONS) + list(cap.ROTATIONS))
+    phrases = (
+        [w for t in TEMPLATES for w in t.replace(",", " , ").split() if not w.startswith("{")]
+        + list(cap.CLASS_NAMES)
+        + list(cap.SIZES)
+        + list(cap.TINTS)
+        + list(cap.POSITIONS)
+        + list(cap.ROTATIONS)
+    )
     return [w for ph in phrases for w in ph.split()]
 
 
@@ -261,17 +353,37 @@ def private_splits(p: Spec, tokenizer, layout: vlm.PromptLayout) -> tuple[list[d
     if sum(sizes) > n:
         raise ValueError(f"the private pool has {n} images, the preset needs {sum(sizes)}")
     splits = stratified_split(src.test_y, [s / n for s in sizes], seed=p.data_seed)
-    return tuple(render_items(src.test_x[idx], src.test_y[idx], seed=p.data_seed, split=1, canvas=p.canvas,  # type: ignore[return-value]
-                              tokenizer=tokenizer, layout=layout, max_caption_tokens=p.max_caption_tokens,
-                              source_index=idx) for idx in (sorted(s) for s in splits))
+    return tuple(
+        render_items(
+            src.test_x[idx],
+            src.test_y[idx],
+            seed=p.data_seed,
+            split=1,
+            canvas=p.canvas,  # type: ignore[return-value]
+            tokenizer=tokenizer,
+            layout=layout,
+            max_caption_tokens=p.max_caption_tokens,
+            source_index=idx,
+        )
+        for idx in (sorted(s) for s in splits)
+    )
 
 
 def public_items(p: Spec, tokenizer, layout: vlm.PromptLayout) -> list[dict]:
     """Projector-alignment images: ``n_public`` of the Fashion-MNIST *training* images (disjoint from the pool)."""
     src = _fashion()
-    idx = np.sort(np.random.default_rng(p.data_seed + 1).permutation(len(src.train_y))[:p.n_public])
-    return render_items(src.train_x[idx], src.train_y[idx], seed=p.data_seed, split=0, canvas=p.canvas,
-                        tokenizer=tokenizer, layout=layout, max_caption_tokens=p.max_caption_tokens, source_index=idx)
+    idx = np.sort(np.random.default_rng(p.data_seed + 1).permutation(len(src.train_y))[: p.n_public])
+    return render_items(
+        src.train_x[idx],
+        src.train_y[idx],
+        seed=p.data_seed,
+        split=0,
+        canvas=p.canvas,
+        tokenizer=tokenizer,
+        layout=layout,
+        max_caption_tokens=p.max_caption_tokens,
+        source_index=idx,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -280,8 +392,10 @@ def public_items(p: Spec, tokenizer, layout: vlm.PromptLayout) -> list[dict]:
 
 def effnet_smollm2_name(p: Spec) -> str:
     """The default model as recorded (and in the projector's cache key): the encoder's input size included."""
-    return (f"EfficientNet-Lite0 (ImageNet, {p.encoder_size} px) + {llm.SMOLLM2_NAME} "
-            f"({llm.SMOLLM2_PACKAGE} {llm.md.version(llm.SMOLLM2_PACKAGE)} GGUF)")
+    return (
+        f"EfficientNet-Lite0 (ImageNet, {p.encoder_size} px) + {llm.SMOLLM2_NAME} "
+        f"({llm.SMOLLM2_PACKAGE} {llm.md.version(llm.SMOLLM2_PACKAGE)} GGUF)"
+    )
 
 
 def _encoder_and_lm(p: Spec) -> tuple[vlm.FrozenEncoder, Callable[[], nn.Module], Any, dict[str, Any]]:
@@ -289,9 +403,16 @@ def _encoder_and_lm(p: Spec) -> tuple[vlm.FrozenEncoder, Callable[[], nn.Module]
     if p.model == "tiny":
         tok = vlm.word_tokenizer(vlm.prompt_words() + caption_words())
         make = lambda: llm.tiny_llama(tok, p.model_seed, **p.tiny)  # noqa: E731
-        return vlm.TinyCNN(p.model_seed), make, tok, {
-            "model": f"tiny VLM: random CNN (seed {p.model_seed}) + tiny-llama(random, seed {p.model_seed}, {p.tiny})",
-            "tokenizer": f"word-level, {len(tok)} tokens (prompt + caption vocabulary)"}
+        return (
+            vlm.TinyCNN(p.model_seed),
+            make,
+            tok,
+            {
+                "model": f"tiny VLM: random CNN (seed {p.model_seed}) + "
+                f"tiny-llama(random, seed {p.model_seed}, {p.tiny})",
+                "tokenizer": f"word-level, {len(tok)} tokens (prompt + caption vocabulary)",
+            },
+        )
     if p.model == "effnet-smollm2":
         base, tok = llm.smollm2_base()
         encoder = vlm.EfficientNetLite0Map(p.encoder_size)
@@ -313,17 +434,35 @@ def population_items(p: Spec, tokenizer, layout: vlm.PromptLayout, used: Sequenc
     taken = {int(it["source_index"]) for part in used for it in part}
     order = np.random.default_rng([p.data_seed, 0x504F50]).permutation(len(src.test_y)).tolist()
     idx = np.asarray([i for i in order if i not in taken][:n], dtype=np.int64)
-    return render_items(src.test_x[idx], src.test_y[idx], seed=p.data_seed, split=1, canvas=p.canvas,
-                        tokenizer=tokenizer, layout=layout, max_caption_tokens=p.max_caption_tokens, source_index=idx)
+    return render_items(
+        src.test_x[idx],
+        src.test_y[idx],
+        seed=p.data_seed,
+        split=1,
+        canvas=p.canvas,
+        tokenizer=tokenizer,
+        layout=layout,
+        max_caption_tokens=p.max_caption_tokens,
+        source_index=idx,
+    )
 
 
 def projector_spec(p: Spec, model: str) -> dict[str, Any]:
     """What the aligned projector depends on (its cache key, ``models.vlm.projector_key``): the model (encoder
     size included), the visual-token grid, the canvas, the prompt and the public data."""
-    return {"model": model, "side": p.side, "canvas": p.canvas, "prompt": vlm.PROMPT_PRE + vlm.PROMPT_POST,
-            "data": {"source": "fashion-mnist train", "n": p.n_public, "seed": p.data_seed,
-                     "captions": "bench.captions v1"},
-            "model_seed": p.model_seed}
+    return {
+        "model": model,
+        "side": p.side,
+        "canvas": p.canvas,
+        "prompt": vlm.PROMPT_PRE + vlm.PROMPT_POST,
+        "data": {
+            "source": "fashion-mnist train",
+            "n": p.n_public,
+            "seed": p.data_seed,
+            "captions": "bench.captions v1",
+        },
+        "model_seed": p.model_seed,
+    }
 
 
 def build_task(preset: str) -> Task:
@@ -339,8 +478,16 @@ def build_task(preset: str) -> Task:
     lora: dict[str, Any] = dict(r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout, targets=p.lora_targets)
 
     def assemble(projector_state: dict | None) -> vlm.SmallVLM:
-        return vlm.build_vlm(copy.deepcopy(encoder), make_lm(), layout, side=p.side, projector_state=projector_state,
-                             lora=lora, seed=p.model_seed, train_projector=p.train_projector)
+        return vlm.build_vlm(
+            copy.deepcopy(encoder),
+            make_lm(),
+            layout,
+            side=p.side,
+            projector_state=projector_state,
+            lora=lora,
+            seed=p.model_seed,
+            train_projector=p.train_projector,
+        )
 
     spec = projector_spec(p, model_cfg["model"])
     holder: dict[str, Any] = {}
@@ -350,24 +497,63 @@ def build_task(preset: str) -> Task:
         building the task (``bench list``, planning) stays cheap."""
         if p.projector_steps and "state" not in holder:
             holder["state"], holder["log"], _ = vlm.load_or_pretrain_projector(
-                spec, lambda: assemble(None), lambda: public_items(p, tok, layout), collate,
-                steps=p.projector_steps, batch_size=p.projector_batch, lr=p.projector_lr, seed=p.data_seed)
+                spec,
+                lambda: assemble(None),
+                lambda: public_items(p, tok, layout),
+                collate,
+                steps=p.projector_steps,
+                batch_size=p.projector_batch,
+                lr=p.projector_lr,
+                seed=p.data_seed,
+            )
         return assemble(holder.get("state"))
 
     aligned.holder = holder  # type: ignore[attr-defined]
-    return _assemble(preset, p, aligned, tok, layout, members, nonmembers, test, collate,
-                     {**model_cfg, "projector": {"stage1_steps": p.projector_steps, "n_public": p.n_public,
-                                                 "batch": p.projector_batch, "lr": p.projector_lr,
-                                                 "trained_in_fl": p.train_projector, "spec": spec},
-                      "data": "fashion-mnist test split (Debian dataset-fashion-mnist), grounded captions",
-                      "canvas": p.canvas},
-                     arch="llama", probe=lambda: assemble(None), population=population)
+    return _assemble(
+        preset,
+        p,
+        aligned,
+        tok,
+        layout,
+        members,
+        nonmembers,
+        test,
+        collate,
+        {
+            **model_cfg,
+            "projector": {
+                "stage1_steps": p.projector_steps,
+                "n_public": p.n_public,
+                "batch": p.projector_batch,
+                "lr": p.projector_lr,
+                "trained_in_fl": p.train_projector,
+                "spec": spec,
+            },
+            "data": "fashion-mnist test split (Debian dataset-fashion-mnist), grounded captions",
+            "canvas": p.canvas,
+        },
+        arch="llama",
+        probe=lambda: assemble(None),
+        population=population,
+    )
 
 
-def _assemble(preset: str, p: Spec, build_model: Callable[[], vlm.SmallVLM], tok, layout: vlm.PromptLayout,
-              members: list[dict], nonmembers: list[dict], test: list[dict], collate, model_cfg: dict[str, Any], *,
-              arch: str, probe: Callable[[], vlm.SmallVLM] | None = None,
-              population: list[dict] | None = None) -> Task:
+def _assemble(
+    preset: str,
+    p: Spec,
+    build_model: Callable[[], vlm.SmallVLM],
+    tok,
+    layout: vlm.PromptLayout,
+    members: list[dict],
+    nonmembers: list[dict],
+    test: list[dict],
+    collate,
+    model_cfg: dict[str, Any],
+    *,
+    arch: str,
+    probe: Callable[[], vlm.SmallVLM] | None = None,
+    population: list[dict] | None = None,
+) -> Task:
     member_ds, nonmember_ds, test_ds = Items(members), Items(nonmembers), Items(test)
     parts = split_clients(member_ds.labels, p.fl.num_clients, p.fl.dirichlet_alpha, seed=p.data_seed)
     client_data = [Subset(member_ds, idx) for idx in parts]
@@ -377,28 +563,64 @@ def _assemble(preset: str, p: Spec, build_model: Callable[[], vlm.SmallVLM], tok
     vocab = int(probe.lm.get_input_embeddings().weight.shape[0])
     del probe
     generate = make_generate(tok, p.gen_tokens)
-    api = TaskAPI(name="vlm-caption", family="vlm-caption", arch=arch, num_layers=num_layers,
-                  lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)),
-                  parts=("image", "caption"),
-                  tokens=TokenSpec(vocab_size=vocab, max_len=layout.prompt_len + p.max_caption_tokens + 1,
-                                   pad_id=layout.pad_id),
-                  caption=CaptionSpec(num_image_tokens=layout.num_image_tokens, image_start=layout.image_start,
-                                      prompt_len=layout.prompt_len, image_size=p.canvas,
-                                      num_classes=len(cap.CLASS_NAMES), generate=generate),
-                  loss=vlm_loss, per_sample_loss=vlm_per_sample_loss, collate=collate, build_model=build_model,
-                  logits=vlm_logits, population_size=len(population or ()))
-    utility = make_caption_utility(test_ds.items, collate, generate=generate,
-                                   loss_fn=vlm.caption_nll, gen_items=p.gen_items, batch_size=16)
-    config = {**model_cfg, "prompt": vlm.PROMPT_PRE + "{image}" + vlm.PROMPT_POST, "side": p.side,
-              "n_members": len(member_ds), "n_nonmembers": len(nonmember_ds), "n_test": len(test_ds),
-              "client_sizes": [len(c) for c in parts], "gen_items": p.gen_items, "gen_tokens": p.gen_tokens,
-              "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout,
-                       "targets": list(p.lora_targets)},
-              "data_seed": p.data_seed, "model_seed": p.model_seed, **p.notes}
-    return Task(scenario="vlm-caption", variant="", preset=preset, api=api, fl=p.fl, client_data=client_data,
-                test_data=test_ds, utility=utility, nonmembers=nonmember_ds, central_data=member_ds,
-                central_epochs=p.central_epochs or p.fl.local_epochs, max_membership=p.max_membership,
-                extras={"client_utility": True}, config=config, population=Items(population) if population else None)
+    api = TaskAPI(
+        name="vlm-caption",
+        family="vlm-caption",
+        arch=arch,
+        num_layers=num_layers,
+        lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)),
+        parts=("image", "caption"),
+        tokens=TokenSpec(vocab_size=vocab, max_len=layout.prompt_len + p.max_caption_tokens + 1, pad_id=layout.pad_id),
+        caption=CaptionSpec(
+            num_image_tokens=layout.num_image_tokens,
+            image_start=layout.image_start,
+            prompt_len=layout.prompt_len,
+            image_size=p.canvas,
+            num_classes=len(cap.CLASS_NAMES),
+            generate=generate,
+        ),
+        loss=vlm_loss,
+        per_sample_loss=vlm_per_sample_loss,
+        collate=collate,
+        build_model=build_model,
+        logits=vlm_logits,
+        population_size=len(population or ()),
+    )
+    utility = make_caption_utility(
+        test_ds.items, collate, generate=generate, loss_fn=vlm.caption_nll, gen_items=p.gen_items, batch_size=16
+    )
+    config = {
+        **model_cfg,
+        "prompt": vlm.PROMPT_PRE + "{image}" + vlm.PROMPT_POST,
+        "side": p.side,
+        "n_members": len(member_ds),
+        "n_nonmembers": len(nonmember_ds),
+        "n_test": len(test_ds),
+        "client_sizes": [len(c) for c in parts],
+        "gen_items": p.gen_items,
+        "gen_tokens": p.gen_tokens,
+        "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
+        "data_seed": p.data_seed,
+        "model_seed": p.model_seed,
+        **p.notes,
+    }
+    return Task(
+        scenario="vlm-caption",
+        variant="",
+        preset=preset,
+        api=api,
+        fl=p.fl,
+        client_data=client_data,
+        test_data=test_ds,
+        utility=utility,
+        nonmembers=nonmember_ds,
+        central_data=member_ds,
+        central_epochs=p.central_epochs or p.fl.local_epochs,
+        max_membership=p.max_membership,
+        extras={"client_utility": True},
+        config=config,
+        population=Items(population) if population else None,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -427,8 +649,15 @@ class CocoItems(Dataset):
         im = im.resize((224, 224), Image.Resampling.BICUBIC)
         refs = [s["raw"].strip() for s in r["sentences"]]
         ids, cmask = self.layout.encode(vlm.caption_token_ids(self.tok, refs[0]), self.max_tokens)
-        return {"image": torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).float() / 255.0, "input_ids": ids,
-                "caption_mask": cmask, "caption": refs[0], "refs": refs, "label": -1, "attrs": {}}
+        return {
+            "image": torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).float() / 255.0,
+            "input_ids": ids,
+            "caption_mask": cmask,
+            "caption": refs[0],
+            "refs": refs,
+            "label": -1,
+            "attrs": {},
+        }
 
 
 def _paper_task(p: Spec) -> Task:
@@ -440,14 +669,17 @@ def _paper_task(p: Spec) -> Task:
             f"the vlm-caption paper preset needs MSCOCO 2014 (train2014/ and val2014/ images) with Karpathy's split "
             f"file dataset_coco.json in a folder named by ${PAPER_DATA_ENV}: download "
             f"http://images.cocodataset.org/zips/train2014.zip, val2014.zip and "
-            f"https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip into it")
+            f"https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip into it"
+        )
     rows = json.loads(karpathy.read_text())["images"]
     rng = np.random.default_rng(p.data_seed)
     train = [rows[i] for i in rng.permutation(len(rows)) if rows[i]["split"] in ("train", "restval")]
     held = [rows[i] for i in rng.permutation(len(rows)) if rows[i]["split"] in ("val", "test")]
     if len(train) < p.n_members or len(held) < p.n_nonmembers + p.n_test:
-        raise ValueError(f"{karpathy}: {len(train)} training / {len(held)} held-out images, the preset needs "
-                         f"{p.n_members} / {p.n_nonmembers + p.n_test}")
+        raise ValueError(
+            f"{karpathy}: {len(train)} training / {len(held)} held-out images, the preset needs "
+            f"{p.n_members} / {p.n_nonmembers + p.n_test}"
+        )
     pid = llm.pad_id(tok)
     n_vis = (224 // 16) ** 2  # CLIP ViT-B/16 patch tokens
     layout = vlm.make_layout(tok, n_vis, pid)
@@ -461,36 +693,71 @@ def _paper_task(p: Spec) -> Task:
     def ds(rs):
         return CocoItems(rs, folder, tok, layout, p.max_caption_tokens)
 
-    members = ds(train[:p.n_members])
-    nonmembers = ds(held[:p.n_nonmembers])
-    test = ds(held[p.n_nonmembers:p.n_nonmembers + p.n_test])
+    members = ds(train[: p.n_members])
+    nonmembers = ds(held[: p.n_nonmembers])
+    test = ds(held[p.n_nonmembers : p.n_nonmembers + p.n_test])
     collate = make_collate(pid)
     parts = split_clients(members.labels, p.fl.num_clients, None, seed=p.data_seed)
     generate = make_generate(tok, p.gen_tokens)
-    api = TaskAPI(name="vlm-caption", family="vlm-caption", arch="openelm",
-                  num_layers=int(getattr(lm_base.config, "num_transformer_layers", 0)),
-                  lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)),
-                  parts=("image", "caption"),
-                  tokens=TokenSpec(vocab_size=int(lm_base.get_input_embeddings().weight.shape[0]), pad_id=pid,
-                                   max_len=layout.prompt_len + p.max_caption_tokens + 1),
-                  caption=CaptionSpec(num_image_tokens=n_vis, image_start=layout.image_start,
-                                      prompt_len=layout.prompt_len, image_size=224, generate=generate),
-                  loss=vlm_loss, per_sample_loss=vlm_per_sample_loss, collate=collate, build_model=build_model,
-                  logits=vlm_logits)
+    api = TaskAPI(
+        name="vlm-caption",
+        family="vlm-caption",
+        arch="openelm",
+        num_layers=int(getattr(lm_base.config, "num_transformer_layers", 0)),
+        lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)),
+        parts=("image", "caption"),
+        tokens=TokenSpec(
+            vocab_size=int(lm_base.get_input_embeddings().weight.shape[0]),
+            pad_id=pid,
+            max_len=layout.prompt_len + p.max_caption_tokens + 1,
+        ),
+        caption=CaptionSpec(
+            num_image_tokens=n_vis,
+            image_start=layout.image_start,
+            prompt_len=layout.prompt_len,
+            image_size=224,
+            generate=generate,
+        ),
+        loss=vlm_loss,
+        per_sample_loss=vlm_per_sample_loss,
+        collate=collate,
+        build_model=build_model,
+        logits=vlm_logits,
+    )
     test_items = _LazyList(test)
-    utility = make_caption_utility(test_items, collate, generate=generate,
-                                   loss_fn=vlm.caption_nll, gen_items=p.gen_items, batch_size=16)
-    config = {"model": vlm.TINYLLAVA_ID, "model_revision": vlm.TINYLLAVA_REVISION,
-              "data": f"MSCOCO 2014, Karpathy split ({PAPER_DATA_ENV})", "n_members": len(members),
-              "n_nonmembers": len(nonmembers), "n_test": len(test), "client_sizes": [len(c) for c in parts],
-              "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout,
-                       "targets": list(p.lora_targets)},
-              "prompt": vlm.PROMPT_PRE + "{image}" + vlm.PROMPT_POST, "data_seed": p.data_seed,
-              "model_seed": p.model_seed, **p.notes}
-    return Task(scenario="vlm-caption", variant="", preset="paper", api=api, fl=p.fl,
-                client_data=[Subset(members, idx) for idx in parts], test_data=test, utility=utility,
-                nonmembers=nonmembers, central_data=members, central_epochs=p.fl.local_epochs,
-                max_membership=p.max_membership, extras={"client_utility": True}, config=config)
+    utility = make_caption_utility(
+        test_items, collate, generate=generate, loss_fn=vlm.caption_nll, gen_items=p.gen_items, batch_size=16
+    )
+    config = {
+        "model": vlm.TINYLLAVA_ID,
+        "model_revision": vlm.TINYLLAVA_REVISION,
+        "data": f"MSCOCO 2014, Karpathy split ({PAPER_DATA_ENV})",
+        "n_members": len(members),
+        "n_nonmembers": len(nonmembers),
+        "n_test": len(test),
+        "client_sizes": [len(c) for c in parts],
+        "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
+        "prompt": vlm.PROMPT_PRE + "{image}" + vlm.PROMPT_POST,
+        "data_seed": p.data_seed,
+        "model_seed": p.model_seed,
+        **p.notes,
+    }
+    return Task(
+        scenario="vlm-caption",
+        variant="",
+        preset="paper",
+        api=api,
+        fl=p.fl,
+        client_data=[Subset(members, idx) for idx in parts],
+        test_data=test,
+        utility=utility,
+        nonmembers=nonmembers,
+        central_data=members,
+        central_epochs=p.fl.local_epochs,
+        max_membership=p.max_membership,
+        extras={"client_utility": True},
+        config=config,
+    )
 
 
 class _LazyList(Sequence):
@@ -522,10 +789,21 @@ def specs(preset: str):
     if p.model == "tinyllava" or not fashion_mnist_installed():
         return None
     layers = p.tiny["layers"] if p.model == "tiny" else NUM_LAYERS[p.model]
-    return [DeclaredTask("vlm-caption", TaskSpec(
-        name="vlm-caption", family="vlm-caption", arch="llama", num_layers=layers,
-        lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)), parts=("image", "caption"),
-        population_size=N_POPULATION[preset]), p.fl)]
+    return [
+        DeclaredTask(
+            "vlm-caption",
+            TaskSpec(
+                name="vlm-caption",
+                family="vlm-caption",
+                arch="llama",
+                num_layers=layers,
+                lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)),
+                parts=("image", "caption"),
+                population_size=N_POPULATION[preset],
+            ),
+            p.fl,
+        )
+    ]
 
 
 @register_scenario(name="vlm-caption")
