@@ -340,7 +340,12 @@ def test_a_run_keeps_third_party_noise_out_of_the_terminal_but_not_its_own_warni
         str(out),
     ]
     res = subprocess.run(
-        cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, env={**os.environ, "BENCH_THREADS": "1"}
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**{k: v for k, v in os.environ.items() if k != "BENCH_QUIET"}, "BENCH_THREADS": "1"},
     )
 
     assert res.returncode == 0, res.stderr[-3000:]
