@@ -332,6 +332,23 @@ def render_items(
     return out
 
 
+def _render(
+    p: Spec, x: np.ndarray, y: np.ndarray, idx, *, split: int, tokenizer, layout: vlm.PromptLayout
+) -> list[dict]:
+    """``render_items`` of the source images at ``idx`` with the preset's seed, canvas and caption length."""
+    return render_items(
+        x[idx],
+        y[idx],
+        seed=p.data_seed,
+        split=split,
+        canvas=p.canvas,
+        tokenizer=tokenizer,
+        layout=layout,
+        max_caption_tokens=p.max_caption_tokens,
+        source_index=idx,
+    )
+
+
 def caption_words() -> list[str]:
     """Every word the grounded captions use (the smoke tokenizer's vocabulary besides the prompt)."""
     phrases = (
@@ -353,37 +370,17 @@ def private_splits(p: Spec, tokenizer, layout: vlm.PromptLayout) -> tuple[list[d
     if sum(sizes) > n:
         raise ValueError(f"the private pool has {n} images, the preset needs {sum(sizes)}")
     splits = stratified_split(src.test_y, [s / n for s in sizes], seed=p.data_seed)
-    return tuple(
-        render_items(
-            src.test_x[idx],
-            src.test_y[idx],
-            seed=p.data_seed,
-            split=1,
-            canvas=p.canvas,  # type: ignore[return-value]
-            tokenizer=tokenizer,
-            layout=layout,
-            max_caption_tokens=p.max_caption_tokens,
-            source_index=idx,
-        )
-        for idx in (sorted(s) for s in splits)
+    members, nonmembers, test = (
+        _render(p, src.test_x, src.test_y, sorted(s), split=1, tokenizer=tokenizer, layout=layout) for s in splits
     )
+    return members, nonmembers, test
 
 
 def public_items(p: Spec, tokenizer, layout: vlm.PromptLayout) -> list[dict]:
     """Projector-alignment images: ``n_public`` of the Fashion-MNIST *training* images (disjoint from the pool)."""
     src = _fashion()
     idx = np.sort(np.random.default_rng(p.data_seed + 1).permutation(len(src.train_y))[: p.n_public])
-    return render_items(
-        src.train_x[idx],
-        src.train_y[idx],
-        seed=p.data_seed,
-        split=0,
-        canvas=p.canvas,
-        tokenizer=tokenizer,
-        layout=layout,
-        max_caption_tokens=p.max_caption_tokens,
-        source_index=idx,
-    )
+    return _render(p, src.train_x, src.train_y, idx, split=0, tokenizer=tokenizer, layout=layout)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -434,17 +431,7 @@ def population_items(p: Spec, tokenizer, layout: vlm.PromptLayout, used: Sequenc
     taken = {int(it["source_index"]) for part in used for it in part}
     order = np.random.default_rng([p.data_seed, 0x504F50]).permutation(len(src.test_y)).tolist()
     idx = np.asarray([i for i in order if i not in taken][:n], dtype=np.int64)
-    return render_items(
-        src.test_x[idx],
-        src.test_y[idx],
-        seed=p.data_seed,
-        split=1,
-        canvas=p.canvas,
-        tokenizer=tokenizer,
-        layout=layout,
-        max_caption_tokens=p.max_caption_tokens,
-        source_index=idx,
-    )
+    return _render(p, src.test_x, src.test_y, idx, split=1, tokenizer=tokenizer, layout=layout)
 
 
 def projector_spec(p: Spec, model: str) -> dict[str, Any]:
