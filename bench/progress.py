@@ -102,7 +102,10 @@ def progress_bar(*, total: float, desc: str = "", unit: str = "it", weighted: bo
 
 NOISY_LOGGERS = ("transformers", "diffusers", "huggingface_hub", "timm", "peft", "accelerate", "torch.distributed")
 # UserWarnings a run triggers by design, once per metric or model built (regular expressions on the message)
-NOISY_WARNINGS = (r"Metric `[A-Za-z ]+` will save all extracted features in buffer",)  # torchmetrics KID, IS
+NOISY_WARNINGS = (
+    r"Metric `[A-Za-z ]+` will save all extracted features in buffer",  # torchmetrics KID, IS
+    r"There is a performance drop because we have not yet implemented the batching rule",  # vmap over SDPA
+)
 QUIET_ENV = "BENCH_QUIET_THIRD_PARTY"
 
 

@@ -544,6 +544,9 @@ class _LossOf(nn.Module):
         return loss_matrix(self.api, self.model, batch, self.timesteps).mean(1)
 
 
+_VMAP_FAILED: set[type] = set()  # model classes torch.func.vmap could not batch in this process
+
+
 def _grad_norms_vmap(wrapper: _LossOf, params: dict[str, Tensor], batch: Any, chunk: int) -> Tensor:
     from torch.func import functional_call, grad, vmap
     from torch.utils._pytree import tree_map
@@ -624,7 +627,7 @@ def _per_sample_grad_norms(
     numel = sum(p.numel() for p in params.values())
     chunk = max(1, int(memory_mb * 2**20 / (4 * max(numel, 1))))
     out: list[Tensor] = []
-    vmap_ok = use_vmap
+    vmap_ok = use_vmap and type(model) not in _VMAP_FAILED
     frozen = [p for p in params.values() if not p.requires_grad]
     # timm's fused attention has no vmap batching rule on CPU (a slow per-sample fallback): use the
     # mathematically identical explicit softmax(QK^T)V path while taking per-sample gradients.
@@ -645,6 +648,7 @@ def _per_sample_grad_norms(
                         continue
                     except Exception as e:  # noqa: BLE001 - any vmap incompatibility: use the exact loop
                         vmap_ok = False
+                        _VMAP_FAILED.add(type(model))  # later calls go straight to the loop, warned once
                         warnings.warn(
                             f"per-sample gradients: torch.func.vmap failed ({type(e).__name__}: "
                             f"{str(e)[:200]}); falling back to one backward pass per sample",
