@@ -41,7 +41,21 @@ from .types import VIEWS, Attack, Defense, Message, Reconstructions, Scores, Tas
 ROUNDS = 2
 MAX_LOCAL_STEPS = 1
 CLIENTS_PER_ROUND = 2
-TIME_BUDGET_S = float(os.environ.get("BENCH_CHECK_BUDGET_S", "600"))  # per training run, smoke preset
+
+
+def _budget_from_env() -> float:
+    """``BENCH_CHECK_BUDGET_S`` (default 600): a value that is not a positive number is a usage error (exit 2)."""
+    raw = os.environ.get("BENCH_CHECK_BUDGET_S", "").strip() or "600"
+    try:
+        v = float(raw)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise UsageError(f"BENCH_CHECK_BUDGET_S must be a positive number of seconds, got {raw!r}")
+    return v
+
+
+TIME_BUDGET_S = _budget_from_env()  # per training run, smoke preset
 # wall clock per configuration's child (two training runs plus evaluation); `check --timeout` overrides
 CHECK_TIMEOUT_S = 3 * TIME_BUDGET_S
 PREFERRED = ("image-cls", "llm-text", "vlm-caption", "ldm-t2i")  # cheapest smoke scenarios first

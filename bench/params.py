@@ -268,6 +268,9 @@ def seed_count(raw: str) -> list[int]:
     return list(range(n))
 
 
+OUT_FOLDERS = ("records", "cache", "artifacts", "quarantine", "leaderboards")  # what a run keeps under --out
+
+
 def writable_dir(raw: str, *, flag: str = "--out") -> Path:
     """``raw`` as an output directory that exists or can be created, and is writable; else UsageError.
     Checked before any work, so bad ``--out`` fails at once and writes nothing (a write probe in the
@@ -289,6 +292,11 @@ def writable_dir(raw: str, *, flag: str = "--out") -> Path:
         fd, probe = tempfile.mkstemp(prefix=".bench-write-probe-", dir=parent)
         os.close(fd)
         os.unlink(probe)
+        for sub in OUT_FOLDERS:  # a file where a run keeps a folder would fail it after the work
+            if (p / sub).exists() and not (p / sub).is_dir():
+                raise UsageError(
+                    f"{flag} {raw!r} holds a file {sub!r} where a run keeps its {sub} folder; move it away"
+                )
     except UsageError:
         raise
     except (OSError, ValueError) as e:

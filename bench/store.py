@@ -80,15 +80,16 @@ def jsonable(obj: Any) -> Any:
 
 def quarantine(files: Iterable[Path], qdir: Path, reason: str) -> list[Path]:
     """Move ``files`` (those that exist) into ``qdir`` with a ``<name>.reason.txt`` beside each; never
-    overwrites an earlier quarantined file (a numeric suffix is added). Reports each move on stderr."""
+    overwrites an earlier quarantined file (a numeric suffix is added). Reports each move on stderr. A folder
+    or a link where a file belongs is moved the same way (it would block the file's rewrite)."""
     moved = []
     for f in files:
-        if not f.is_file():
+        if not os.path.lexists(f):
             continue
         dest, k = qdir / f.name, 1
         try:
             qdir.mkdir(parents=True, exist_ok=True)
-            while dest.exists():
+            while os.path.lexists(dest):
                 dest, k = qdir / f"{f.name}.{k}", k + 1
             f.replace(dest)
             dest.with_name(dest.name + ".reason.txt").write_text(reason + "\n")
@@ -147,9 +148,13 @@ class Store:
         quarantine([path], self.quarantine_dir(path.parent.name), f"invalid record: {why}")
         return None
 
-    def finished(self, scenario: str, cell_id: str) -> bool:
+    def finished(self, scenario: str, cell_id: str, *, expect: dict[str, Any] | None = None) -> bool:
+        """A finished record of the cell; with ``expect``, one whose fields equal those values as stored (e.g. the
+        attack's resolved parameters: a changed default leaves the cell id alone but makes the record stale)."""
         rec = self.load(self.record_path(scenario, cell_id))
-        return rec is not None and rec["status"] in FINISHED
+        if rec is None or rec["status"] not in FINISHED:
+            return False
+        return all(rec.get(k) == jsonable(v) for k, v in (expect or {}).items())
 
     def write(self, record: dict) -> Path:
         """Write ``record`` atomically after checking it against the schema (raises RecordInvalid, writing

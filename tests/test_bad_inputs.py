@@ -146,6 +146,18 @@ SPECS_ATTACK = [
     ("max_renyi:alphas=", "alphas must not be empty"),
     ("april:driver=qr", "'qr' is not one of gels, gelsy, gelsd, gelss"),
     ("april:boxed=maybe", "'maybe' is not a boolean"),
+    # rmia (reference models, [RMIA] / [LiRA])
+    ("rmia:n_reference=0", "n_reference=0 is out of range; n_reference must be an integer in [1, "),
+    ("rmia:n_reference=1.5", "'1.5' is not a valid int (or none)"),
+    ("rmia:gamma=0", "gamma=0 is out of range"),
+    ("rmia:gamma=nan", "gamma=nan is not a number"),
+    ("rmia:a=2", "a=2 is out of range; a must be a finite number in [0, 1]"),
+    ("rmia:a=-0.1", "a=-0.1 is out of range"),
+    ("rmia:n_population=0", "n_population=0 is out of range"),
+    ("rmia:lira_global_variance=x", "'x' is not a boolean"),
+    ("rmia:batch_size=0", "batch_size=0 is out of range"),
+    ("rmia:timesteps=-1", "timesteps=-1 is out of range"),
+    ("rmia:nope=1", "has no parameter 'nope'"),
 ]
 
 MALFORMED = [
@@ -187,6 +199,35 @@ MALFORMED = [
     (["--seeds", "abc"], "got 'abc'"),
     (["--seeds", "1.5"], "got '1.5'"),
     (["--seeds", ""], "got ''"),
+    # the engine's flags (worker processes, budgets, devices)
+    (["--jobs", "0"], "--jobs must be > 0 and finite, got '0'"),
+    (["--jobs", "-1"], "--jobs must be > 0"),
+    (["--jobs", "257"], "--jobs must be at most 256, got 257"),
+    (["--jobs", "1.5"], "--jobs must be a whole number, got '1.5'"),
+    (["--jobs", ""], "--jobs must be a whole number, got ''"),
+    (["--cell-timeout", "0"], "--cell-timeout must be > 0 and finite, got '0'"),
+    (["--cell-timeout", "-5"], "--cell-timeout must be > 0"),
+    (["--cell-timeout", "nan"], "--cell-timeout must be > 0 and finite, got 'nan'"),
+    (["--cell-timeout", "inf"], "--cell-timeout must be > 0 and finite, got 'inf'"),
+    (["--cell-timeout", "1e400"], "got '1e400'"),
+    (["--cell-timeout", "soon"], "--cell-timeout must be a number, got 'soon'"),
+    (["--mem-cap", "-5"], "--mem-cap must be >= 0 and finite, got '-5'"),
+    (["--mem-cap", "1.5"], "--mem-cap must be a whole number, got '1.5'"),
+    (["--mem-cap", "inf"], "--mem-cap must be a whole number"),
+    (["--mem-cap", "lots"], "--mem-cap must be a whole number"),
+    (["--mem-cap", "1"], "--mem-cap 1 MB is below the address space a worker needs"),
+    (["--mem-cap", "99999999999999999999999"], "--mem-cap must be at most 4294967296 MB"),
+    (["--executor", "slurm"], "unknown executor 'slurm'. Valid choices: local, ray"),
+    (["--executor", ""], "unknown executor ''"),
+    (["--ray-address", "ray://h:1"], "--ray-address needs --executor ray"),
+    (["--executor", "ray", "--ray-address", " "], "--ray-address must name a running cluster"),
+    (["--device", "tpu"], "unknown device 'tpu'. Valid choices: auto, cpu, cuda, cuda:N"),
+    (["--device", ""], "unknown device ''"),
+    (["--device", "cuda:-1"], "unknown device 'cuda:-1'"),
+    (["--device", "cuda:99"], "--device cuda:99: "),  # no CUDA here, or fewer devices
+    (["--precision", "fp64"], "unknown precision 'fp64'. Valid choices: fp32, bf16, fp16"),
+    (["--precision", ""], "unknown precision ''"),
+    (["--precision", "fp16", "--device", "cpu"], "--precision fp16 needs a CUDA device"),
 ]
 
 
@@ -221,9 +262,11 @@ def restore_registries():
 
 @pytest.fixture
 def sandbox(tmp_path, monkeypatch):
-    """A working folder (the CLI's cwd) and an --out inside it that must stay absent."""
+    """A working folder (the CLI's cwd) and an --out inside it that must stay absent; the machine-wide cache
+    ($BENCH_CACHE) points inside it too, so a rejected command that wrote there would show."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("BENCH_QUIET", "1")
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "bench-cache"))
     return tmp_path
 
 
@@ -309,6 +352,35 @@ def test_bad_out_is_rejected_before_any_work(out, needle, sandbox, capsys):
     assert (sandbox / "a_file").read_text() == "x"
 
 
+def test_an_out_the_write_probe_cannot_write_is_rejected_even_as_root(sandbox, capsys, monkeypatch):
+    import tempfile
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)  # what a read-only folder does to anyone but root
+
+    code, err = run_cli(["run", "--preset", "smoke", "--out", "ro/out"], capsys)
+
+    assert_rejected(code, err, "--out 'ro/out' is not a writable directory (Permission denied)", sandbox, set())
+
+
+@pytest.mark.parametrize("sub", ["records", "cache", "artifacts", "quarantine", "leaderboards"])
+@pytest.mark.parametrize("command", ["run", "leaderboard"])
+def test_a_file_where_out_keeps_a_folder_is_rejected_before_any_work(sub, command, sandbox, capsys):
+    (sandbox / "out").mkdir()
+    (sandbox / "out" / sub).write_text("x")
+    if sub != "records":
+        (sandbox / "out" / "records").mkdir()
+    before = set(os.listdir(sandbox / "out"))
+    args = ["run", "--preset", "smoke", "--scenario", "image-cls", "--defense", "fedavg", "--attack", "loss_mia"]
+
+    code, err = run_cli([*(args if command == "run" else ["leaderboard"]), "--out", "out"], capsys)
+
+    assert_rejected(code, err, f"--out 'out' holds a file '{sub}' where a run keeps its {sub} folder", sandbox, {"out"})
+    assert set(os.listdir(sandbox / "out")) == before and (sandbox / "out" / sub).read_text() == "x"
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_read_only_out_is_rejected(sandbox, capsys):
     ro = sandbox / "ro"
@@ -323,25 +395,68 @@ def test_read_only_out_is_rejected(sandbox, capsys):
     assert not (ro / "out").exists()
 
 
-@pytest.mark.parametrize(
-    "args, needle",
-    [
-        (["leaderboard", "--out", ""], "--out must name a directory"),
-        (["leaderboard", "--out", "none"], "no records under"),
-        (["check", "--defense", "dp_gaussian:eps=nan"], "eps=nan is not a number"),
-        (["check", "--defense", "/etc/passwd"], "is neither a registered name nor a Python file"),
-        (["check", "--defense", "fedavg", "--scenario", "nope"], "unknown scenario 'nope'"),
-        (["list", "--preset", "huge"], "Valid choices: smoke, default, paper"),
-        (["frobnicate"], "invalid choice: 'frobnicate'"),
-    ],
-    ids=lambda v: v if isinstance(v, str) else _case_id(v),
-)
+OTHER_COMMANDS = [
+    (["leaderboard", "--out", ""], "--out must name a directory"),
+    (["leaderboard", "--out", "none"], "no records under"),
+    (["check", "--defense", "dp_gaussian:eps=nan"], "eps=nan is not a number"),
+    (["check", "--defense", "/etc/passwd"], "is neither a registered name nor a Python file"),
+    (["check", "--defense", "fedavg", "--scenario", "nope"], "unknown scenario 'nope'"),
+    (["list", "--preset", "huge"], "Valid choices: smoke, default, paper"),
+    (["list", "--scenario", "nope"], "unknown scenario 'nope'"),
+    (["list", "--scenario", "image-cls,image-cls"], "scenario 'image-cls' is given twice"),
+    (["check", "--defense", "fedavg,fedavg"], "is given twice"),
+    (["check", "--defense", "fedavg", "--timeout", "0"], "--timeout must be > 0 and finite, got '0'"),
+    (["check", "--defense", "fedavg", "--timeout", "nan"], "--timeout must be > 0 and finite, got 'nan'"),
+    (["check", "--attack", ""], "no attack given"),
+    (["check", "--attack", "rmia:a=2"], "a=2 is out of range"),
+    (["leaderboard", "--out", "a_file"], "--out 'a_file' is an existing file, not a directory"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+]
+
+
+@pytest.mark.parametrize("args, needle", OTHER_COMMANDS, ids=[_case_id(a) for a, _ in OTHER_COMMANDS])
 def test_other_commands_reject_bad_input(args, needle, sandbox, capsys):
+    (sandbox / "a_file").write_text("x")
     before = set(os.listdir(sandbox))
 
     code, err = run_cli(args, capsys)
 
     assert_rejected(code, err, needle, sandbox, before)
+
+
+# ----------------------------------------------------------------------------------------------
+# environment variables the CLI reads
+
+
+ENV_CASES = [
+    ("BENCH_THREADS", "abc", ["list"], "BENCH_THREADS must be a whole number, got 'abc'"),
+    ("BENCH_THREADS", "0", ["run", "--preset", "smoke", "--out", "out"], "BENCH_THREADS must be > 0 and finite"),
+    ("BENCH_THREADS", "-2", ["check", "--defense", "fedavg"], "BENCH_THREADS must be > 0"),
+    ("BENCH_THREADS", "1.5", ["leaderboard", "--out", "out"], "BENCH_THREADS must be a whole number, got '1.5'"),
+    ("BENCH_CHECK_BUDGET_S", "abc", ["check", "--defense", "fedavg"], "BENCH_CHECK_BUDGET_S must be a positive"),
+    ("BENCH_CHECK_BUDGET_S", "0", ["check", "--defense", "fedavg"], "number of seconds, got '0'"),
+    ("BENCH_CHECK_BUDGET_S", "nan", ["check", "--attack", "loss_mia"], "number of seconds, got 'nan'"),
+    ("BENCH_CHECK_BUDGET_S", "-5", ["check", "--defense", "fedavg"], "number of seconds, got '-5'"),
+    ("BENCH_CHECK_BUDGET_S", "inf", ["check", "--defense", "fedavg"], "number of seconds, got 'inf'"),
+]
+
+
+@pytest.mark.parametrize("env, value, args, needle", ENV_CASES, ids=[f"{e}={v}" for e, v, _, _ in ENV_CASES])
+def test_bad_environment_variables_exit_2(env, value, args, needle, sandbox, capsys, monkeypatch):
+    monkeypatch.delenv("BENCH_THREADS", raising=False)  # a valid one would change this process's torch threads
+    monkeypatch.setenv(env, value)
+    monkeypatch.delitem(sys.modules, "bench.conformance", raising=False)  # it reads its budget when imported
+    before = set(os.listdir(sandbox))
+
+    code, err = run_cli(args, capsys)
+
+    assert_rejected(code, err, needle, sandbox, before)
+
+
+def test_the_table_holds_at_least_the_issues_134_cases():
+    n = len(CASES) + len(OUT_CASES) + 2 + 10 + len(OTHER_COMMANDS) + len(ENV_CASES) + 2 * len(CONTRIB_IDS)
+
+    assert n >= 134 + 60  # the issue's 134, and the engine's, the environment's and the contributed files' since
 
 
 # ----------------------------------------------------------------------------------------------
@@ -518,6 +633,23 @@ def test_every_numeric_field_rejects_nan_and_its_default_is_in_range(reg, name, 
     with pytest.raises(UsageError, match=rf"{field}(=nan is not a number|: 'nan' is not a valid int)"):
         expand(reg, f"{name}:{field}=nan")
     build(cls, {}, reg.kind)  # the defaults pass their own declared ranges
+
+
+def test_every_numeric_field_of_a_registered_method_declares_its_range_beside_the_field():
+    from bench.params import RANGE_KEY
+
+    undeclared = [
+        f"{name}.{f.name}"
+        for reg in (DEFENSES, ATTACKS)
+        for name, cls in reg.items()
+        for f in dataclasses.fields(cls)
+        if f.init
+        and range_of(f, typing.get_type_hints(cls).get(f.name, object)) is not None
+        and RANGE_KEY not in (f.metadata or {})
+    ]
+
+    assert len(list(_numeric_fields())) > 40
+    assert not undeclared, f"numeric fields on the generic rule only (declare them with param(...)): {undeclared}"
 
 
 def test_param_declares_a_range_and_the_generic_rule_covers_undeclared_fields():

@@ -1,6 +1,7 @@
 """`bench check` runs each configuration in a child with a wall-clock budget (issue 13): a contributed
 defense that hangs, or exits with SystemExit in client_step / aggregate, is reported FAIL and check exits
-1, and the configurations after it are still checked; `check --attack` is wired; bad flag combinations
+1, and the configurations after it are still checked; so are one that reports a NaN or negative epsilon and
+one that asks for more memory than the child's cap; `check --attack` is wired; bad flag combinations
 exit 2."""
 
 from __future__ import annotations
@@ -17,16 +18,23 @@ from bench.cli import main
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = "image-cls"  # the cheapest smoke scenario
 
-MISBEHAVING = {  # file stem -> (line in client_step, line in aggregate)
-    "hangs": ("time.sleep(10**6)", ""),
-    "exits_in_client": ("sys.exit(0)", ""),
-    "exits_in_aggregate": ("", "sys.exit(0)"),
+# 90% of RAM as address space: above the check child's cap (75% of RAM), so only the cap refuses it (the
+# pages are never touched, so without a cap the allocation would succeed and the check would pass)
+HOG = "torch.empty(int(0.9 * os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')), dtype=torch.uint8)"
+
+MISBEHAVING = {  # file stem -> (line in client_step, line in aggregate, epsilon it reports)
+    "hangs": ("time.sleep(10**6)", "", "None"),
+    "exits_in_client": ("sys.exit(0)", "", "None"),
+    "exits_in_aggregate": ("", "sys.exit(0)", "None"),
+    "nan_epsilon": ("", "", "float('nan')"),
+    "negative_epsilon": ("", "", "-1.0"),
+    "hungry": (f"self.hog = {HOG}", "", "None"),
 }
 
 
-def defense_source(client_line: str, aggregate_line: str) -> str:
+def defense_source(client_line: str, aggregate_line: str, epsilon: str = "None") -> str:
     return (
-        "import sys\nimport time\nfrom dataclasses import dataclass\n\n"
+        "import os\nimport sys\nimport time\nfrom dataclasses import dataclass\n\nimport torch\n\n"
         "from bench.fl import fedavg_aggregate, standard_message\n"
         "from bench.registry import register_defense\n"
         "from bench.types import Defense\n\n\n"
@@ -36,7 +44,9 @@ def defense_source(client_line: str, aggregate_line: str) -> str:
         "        return standard_message(state, ctx)\n\n"
         "    def aggregate(self, global_state, msgs, ctx):\n"
         f"        {aggregate_line or 'pass'}\n"
-        "        return fedavg_aggregate(global_state, msgs, ctx)\n"
+        "        return fedavg_aggregate(global_state, msgs, ctx)\n\n"
+        "    def epsilon(self, *, delta):\n"
+        f"        return {epsilon}\n"
     )
 
 
@@ -57,8 +67,8 @@ def blocks(stdout: str) -> dict[str, str]:
 
 def test_check_fails_hanging_and_exiting_defenses_and_goes_on(tmp_path):
     paths = []
-    for stem, (client, agg) in MISBEHAVING.items():
-        (tmp_path / f"{stem}.py").write_text(defense_source(client, agg))
+    for stem, (client, agg, eps) in MISBEHAVING.items():
+        (tmp_path / f"{stem}.py").write_text(defense_source(client, agg, eps))
         paths.append(str(tmp_path / f"{stem}.py"))
 
     res = bench(
@@ -71,6 +81,9 @@ def test_check_fails_hanging_and_exiting_defenses_and_goes_on(tmp_path):
     assert "FAIL  run                timed out after 20 s" in rep["hangs"], rep["hangs"]
     assert "FAIL  train              SystemExit: 0" in rep["exits_in_client"], rep["exits_in_client"]
     assert "FAIL  train              SystemExit: 0" in rep["exits_in_aggregate"], rep["exits_in_aggregate"]
+    assert "FAIL  epsilon            delta=" in rep["nan_epsilon"] and "epsilon=nan (must be" in rep["nan_epsilon"]
+    assert "epsilon=-1.0 (must be None or >= 0" in rep["negative_epsilon"], rep["negative_epsilon"]
+    assert "FAIL  train" in rep["hungry"] and "can't allocate memory" in rep["hungry"], rep["hungry"]
     assert "result: all checks passed" in rep["fedavg"], rep["fedavg"]  # the killed worker was replaced
     assert "Traceback" not in res.stderr
 

@@ -105,6 +105,35 @@ def test_damaged_records_are_quarantined_and_only_their_cells_redone(tmp_path, c
     assert {f: f.stat().st_mtime_ns for f in files[4:]} == mtimes  # finished cells untouched
 
 
+def test_records_hold_artifact_paths_relative_to_out_so_the_folder_can_move(tmp_path):
+    small_run(tmp_path / "first")
+    (tmp_path / "first").rename(tmp_path / "moved")
+
+    recs = [r for r in Store(tmp_path / "moved").records() if r.get("artifacts")]
+
+    assert recs, "the toy reconstruction cells write a grid"
+    for r in recs:
+        for path in r["artifacts"].values():
+            assert not Path(path).is_absolute() and ".." not in Path(path).parts and path.startswith("artifacts/")
+            assert (tmp_path / "moved" / path).is_file()
+    raw = [json.loads(p.read_text()) for p in (tmp_path / "moved" / "records").glob("*/*.json")]
+    assert all(str(tmp_path) not in json.dumps(r.get("artifacts")) for r in raw)
+
+
+def test_a_run_where_every_cell_is_na_writes_its_leaderboards(tmp_path, capsys, monkeypatch):
+    from attacks.max_renyi import MaxRenyi
+
+    monkeypatch.delenv("BENCH_THREADS", raising=False)
+    summary = run([toy_task()], [FedAvg()], [MaxRenyi()], [0], tmp_path)  # the issue's fedavg x max_renyi
+
+    code = main(["leaderboard", "--out", str(tmp_path)])
+
+    err = capsys.readouterr().err
+    assert summary.counts["n/a"] > 0 and summary.counts["n/a"] == sum(summary.counts.values())
+    assert code == 0 and "Traceback" not in err, err
+    assert "n/a" in (tmp_path / "leaderboards" / "toy.md").read_text()
+
+
 @pytest.mark.parametrize("damage", ["truncate", "random", "flip"])
 def test_a_damaged_training_cache_is_discarded_and_retrained(tmp_path, damage):
     task, defense, _, _ = small_run(tmp_path)
@@ -253,6 +282,246 @@ def test_a_damaged_ldm_text_state_cache_is_set_aside(tmp_path, monkeypatch):
 
     assert not marker.exists() and set(states) == {"a cat", "a dog"}
     assert (d / "quarantine" / f"minilm-{cfg.text_len}.pt").exists()
+
+
+def test_the_planted_payload_is_live(tmp_path):
+    """The control for every planted-pickle test here: plain unpickling does run it."""
+    pickle.loads(pickle.dumps({"global_state": Payload(tmp_path / "ran")}))
+
+    assert (tmp_path / "ran").exists()
+
+
+def plant(stem: Path, payload: bytes) -> Path:
+    """Replace the tensor file of the cache entry ``stem`` with ``payload`` and make its JSON's size and
+    SHA-256 match, so only the refusal to unpickle stands between the planted bytes and running them."""
+    import hashlib
+
+    head = stem.with_name(stem.name + ".json")
+    meta = json.loads(head.read_text())
+    (stem.parent / meta["tensors"]).unlink()
+    digest = hashlib.sha256(payload).hexdigest()
+    meta.update(tensors=f"{stem.name}-{digest[:12]}.safetensors", sha256=digest, nbytes=len(payload))
+    (stem.parent / meta["tensors"]).write_bytes(payload)
+    head.write_text(json.dumps(meta))
+    return stem.parent / meta["tensors"]
+
+
+def test_a_planted_pickle_in_the_reference_model_cache_does_not_run(tmp_path):
+    from bench import reference as ref
+    from tests.test_rmia import _population_task
+
+    task, defense, cache = _population_task(rounds=1), FedAvg(), tmp_path / "cache"
+    ref._MEMO.clear()
+    first = ref.get_reference(task, defense, 0, 0, cache)
+    (stem,) = [p.with_suffix("") for p in (cache / "reference").glob("*.json")]
+    marker = tmp_path / "PWNED"
+    planted = plant(stem, pickle.dumps({"global_state": Payload(marker)}))
+    ref._MEMO.clear()  # what a later run (a fresh process) reads: the file
+
+    again = ref.get_reference(task, defense, 0, 0, cache)
+
+    assert not marker.exists()
+    assert (tmp_path / "quarantine" / "cache" / "reference" / planted.name).exists()  # set aside, retrained
+    assert all(torch.equal(first.global_state[k], again.global_state[k]) for k in first.global_state)
+    assert len(list((cache / "reference").glob("*.json"))) == 1
+
+
+def test_a_planted_pickle_as_the_image_pretrained_base_does_not_run(tmp_path, monkeypatch):
+    from models import image
+
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(image, "_BASES", {})
+    builds = []
+
+    def build():
+        builds.append(1)
+        torch.manual_seed(0)
+        return torch.nn.Linear(4, 3)
+
+    def data():
+        g = torch.Generator().manual_seed(1)
+        return torch.randn(16, 4, generator=g), torch.randint(0, 3, (16,), generator=g)
+
+    cfg, spec = image.PretrainConfig(steps=2, batch_size=4), {"test": "planted"}
+    state, key = image.load_or_pretrain(build, cfg, spec, data)
+    marker = tmp_path / "PWNED"
+    planted = plant(tmp_path / "cache" / "image" / key / "base", pickle.dumps(Payload(marker)))
+    image._BASES.clear()
+
+    again, _ = image.load_or_pretrain(build, cfg, spec, data)
+
+    assert not marker.exists() and len(builds) == 2  # refused, quarantined, pre-trained again
+    assert (tmp_path / "cache" / "image" / key / "quarantine" / planted.name).exists()
+    assert all(torch.equal(state[k], again[k]) for k in state)
+
+
+def test_a_planted_pickle_as_the_hub_weights_of_the_image_models_does_not_run(tmp_path, monkeypatch):
+    """The ImageNet weights come from the local HF cache through timm, which must read a ``.bin`` with
+    ``weights_only=True``: a payload planted there is refused (the cell fails), never run."""
+    from models import image
+
+    marker = tmp_path / "PWNED"
+    planted = tmp_path / "pytorch_model.bin"
+    planted.write_bytes(pickle.dumps({"state_dict": Payload(marker)}))
+    where = {"hub_id": "planted", "revision": "main", "commit": "0", "file": str(planted)}
+    monkeypatch.setattr(image, "paper_weights", lambda arch: where)
+
+    from bench.assets import AssetMissing
+
+    with pytest.raises(AssetMissing, match="(?i)weights_only|unpickl"):  # a missing asset: exit 2 in a run
+        image.resnet34(image.RESNET34, num_classes=10, img_size=224, seed=0, pretrained=True)
+
+    assert not marker.exists()
+
+
+def test_the_signal_cache_is_in_memory_only(tmp_path, monkeypatch):
+    """Nothing to plant: the per-group signal cache never reads or writes a file."""
+    import ast
+    import inspect
+
+    from bench import signal_cache
+
+    monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    cache, model = signal_cache.group_cache(("planted", 0)), torch.nn.Linear(2, 1)
+    items = [(torch.ones(2), 0), (torch.zeros(2), 1)]
+
+    first = cache.get("loss", model, items, lambda: torch.arange(2.0))
+    again = cache.get("loss", model, items, lambda: pytest.fail("recomputed a cached signal"))
+
+    assert torch.equal(first, again) and not list(tmp_path.iterdir())
+    calls = {
+        n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+        for n in ast.walk(ast.parse(inspect.getsource(signal_cache)))
+        if isinstance(n, ast.Call)
+    }
+    assert not calls & {"open", "load", "loads", "save", "read_bytes", "write_bytes", "read_text", "write_text"}
+
+
+# every deserialiser that can run code, and what makes each call safe
+UNSAFE_LOADERS = {
+    ("torch", "load"): "weights_only=True",
+    ("pickle", "load"): None,
+    ("pickle", "loads"): None,
+    ("pickle", "Unpickler"): None,
+    ("dill", "load"): None,
+    ("dill", "loads"): None,
+    ("cloudpickle", "load"): None,
+    ("cloudpickle", "loads"): None,
+    ("joblib", "load"): None,
+    ("marshal", "loads"): None,
+    ("shelve", "open"): None,
+    ("np", "load"): "allow_pickle not True",
+    ("numpy", "load"): "allow_pickle not True",
+}
+
+
+def _unsafe_loads(path: Path) -> list[str]:
+    import ast
+
+    found = []
+    for n in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)):
+            continue
+        key = (n.func.value.id, n.func.attr)
+        if key not in UNSAFE_LOADERS:
+            continue
+        kw = {k.arg: k.value for k in n.keywords}
+        only_weights = isinstance(kw.get("weights_only"), ast.Constant) and kw["weights_only"].value is True
+        safe = (key == ("torch", "load") and only_weights) or (key[0] in ("np", "numpy") and "allow_pickle" not in kw)
+        if not safe:
+            found.append(f"{path.name}:{n.lineno}: {key[0]}.{key[1]}(...) in {path}")
+    return found
+
+
+def test_no_code_in_the_repository_deserialises_with_pickle():
+    rel = lambda p: p.relative_to(ROOT).parts  # noqa: E731
+    files = [p for p in ROOT.rglob("*.py") if rel(p)[0] != "tests" and not any(s.startswith(".") for s in rel(p))]
+    assert len(files) > 50 and {"bench", "models", "attacks", "defenses"} <= {rel(p)[0] for p in files}
+
+    found = [f for p in files for f in _unsafe_loads(p)]
+
+    assert not found, "a deserialiser that can run planted code:\n" + "\n".join(found)
+
+
+def test_the_deserialiser_scan_finds_what_it_looks_for(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text(
+        "import pickle, torch, numpy as np\n"
+        "torch.load(p)\ntorch.load(p, weights_only=False)\npickle.loads(b)\nnp.load(f, allow_pickle=True)\n"
+        "torch.load(p, map_location='cpu', weights_only=True)\nnp.load(f)\n"
+    )
+
+    assert [f.split(":")[1] for f in _unsafe_loads(src)] == ["2", "3", "4", "5"]
+
+
+# ----------------------------------------------------------------------------------------------
+# misbehaving contributed defenses through `python -m bench run` (the `check` side: tests/test_check_isolation.py)
+
+MISBEHAVING_RUN = {  # file stem -> (client_step body line, epsilon it reports, what its failed cells must say)
+    "hangs": ("time.sleep(10**6)", "None", "timed out after 60 s"),
+    "exits": ("sys.exit(0)", "None", "SystemExit"),
+    "hungry": (
+        "self.hog = torch.empty(int(0.9 * os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')), dtype=torch.int8)",
+        "None",
+        "exceeded memory cap (",
+    ),
+    "nan_epsilon": ("pass", "float('nan')", "reported epsilon=nan"),
+    "negative_epsilon": ("pass", "-1.0", "reported epsilon=-1.0"),
+}
+
+
+def test_the_default_memory_cap_leaves_a_worker_room_to_start(tmp_path):
+    """75% of RAM / --jobs alone falls below what a worker maps just to import torch at high --jobs (every
+    cell then failed with "failed to map segment"): the default never goes below twice that."""
+    import functools
+
+    from bench.cli import address_space_mb, build_parser, worker_config
+    from bench.executors import LocalExecutor, default_mem_cap_mb
+
+    need = address_space_mb()  # measured (Linux); it grows a little as this process starts threads
+    _, cfg = worker_config(build_parser().parse_args(["run", "--jobs", "256"]), "smoke", "cpu")
+    _, one = worker_config(build_parser().parse_args(["run", "--jobs", "1"]), "smoke", "cpu")
+    task = toy_task()
+    task.source = functools.partial(toy_task)  # how a worker process rebuilds it
+
+    summary = run([task], [FedAvg()], [ToyLossMIA()], [0], tmp_path, executor=LocalExecutor(1, cfg))
+
+    assert need > 100 and cfg.mem_cap_mb >= max(1.9 * need, default_mem_cap_mb(256))
+    assert one.mem_cap_mb >= default_mem_cap_mb(1)
+    assert summary.counts["failed"] == 0 and summary.counts["ok"] > 0
+
+
+def test_misbehaving_contributed_defenses_fail_their_cells_with_the_reason_and_the_run_finishes(tmp_path):
+    specs = []
+    for stem, (line, eps, _) in MISBEHAVING_RUN.items():
+        cls = "".join(w.title() for w in stem.split("_"))
+        (tmp_path / f"{stem}.py").write_text(
+            "import os\nimport sys\nimport time\nfrom dataclasses import dataclass\n\nimport torch\n\n"
+            "from bench.registry import register_defense\nfrom defenses.fedsgd import FedSGD\n\n\n"
+            f"@register_defense\n@dataclass\nclass {cls}(FedSGD):\n"
+            f"    def client_step(self, state, ctx):\n        {line}\n"
+            "        return super().client_step(state, ctx)\n\n"
+            f"    def epsilon(self, *, delta):\n        return {eps}\n"
+        )
+        specs.append(str(tmp_path / f"{stem}.py"))
+    out = tmp_path / "out"
+    env = {**os.environ, "BENCH_QUIET": "1", "BENCH_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "bench", "run", "--preset", "smoke", "--scenario", "image-cls", "--attack", "april"]
+    cmd += ["--defense", ",".join([*specs, "fedsgd"]), "--cell-timeout", "60", "--jobs", "1", "--out", str(out)]
+
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
+
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    recs = list(Store(out).records())
+    for stem, (_, _, reason) in MISBEHAVING_RUN.items():
+        mine = [r for r in recs if r["defense"] == stem and r["status"] != "n/a"]
+        assert mine and all(r["status"] == "failed" and reason in r["reason"] for r in mine), (stem, mine[:1])
+    fine = [r for r in recs if r["defense"] == "fedsgd" and r["status"] != "n/a"]
+    assert fine and all(r["status"] == "ok" for r in fine), [r.get("reason") for r in fine]
+    board = (out / "leaderboards" / "image-cls.md").read_text()
+    assert all(stem in board for stem in MISBEHAVING_RUN)  # listed, failed with the reason
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -143,6 +144,29 @@ def test_invalid_record_files_are_quarantined_with_the_reason(tmp_path, capsys, 
     assert [r["cell_id"] for r in store.records()] == ["1111111111111111"]
 
 
+def test_a_folder_or_link_where_a_record_belongs_is_quarantined_and_the_cell_redone(tmp_path, capsys):
+    store = Store(tmp_path)
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("not a record")
+    folder, link, dangling = (store.record_path("toy", c * 16) for c in "abc")
+    folder.mkdir(parents=True)
+    (folder / "inside").write_text("kept")
+    link.symlink_to(target)
+    dangling.symlink_to(tmp_path / "gone.json")
+
+    done = [store.finished("toy", c * 16) for c in "abc"]
+    store.write(record(cell_id="a" * 16))  # the redone cells' records land where the folder and link were
+    store.write(record(cell_id="b" * 16))
+    store.write(record(cell_id="c" * 16))
+
+    q = tmp_path / "quarantine" / "toy"
+    assert done == [False, False, False]
+    assert (q / folder.name / "inside").read_text() == "kept" and (q / link.name).is_symlink()
+    assert target.read_text() == "not a record"  # the link moved, its target untouched
+    assert sorted(r["cell_id"] for r in store.records()) == ["a" * 16, "b" * 16, "c" * 16]
+    assert f"quarantined {folder}" in capsys.readouterr().err
+
+
 def test_records_skips_and_reports_invalid_files_instead_of_raising(tmp_path, capsys):
     store = Store(tmp_path)
     store.write(record())
@@ -273,3 +297,59 @@ def test_a_legacy_torch_cache_is_converted_with_weights_only(tmp_path):
 
     assert torch.equal(groups["state"]["w"], torch.ones(2)) and meta["log"] == {"steps": 3}
     assert (tmp_path / "k.json").exists()  # rewritten in the new format; the next load reads that
+
+
+# ----------------------------------------------------------------------------------------------
+# record strings reach the leaderboards escaped
+
+
+def test_every_markdown_and_html_leaderboard_escapes_record_strings(tmp_path):
+    from bench.report.leaderboards import write_leaderboards
+    from tests.test_leaderboard import rec, write
+
+    evil = "<script>alert(1)</script>|x"
+    write(
+        tmp_path / "run",
+        [
+            rec(defense="fedavg"),
+            rec(defense="mine", label=evil, params={"note": evil}),
+            rec(
+                defense="mine",
+                label=evil,
+                attack="mia2",
+                attack_label=evil,
+                status="failed",
+                reason=f"<img src=x> {evil}",
+            ),
+            rec(defense="dp", label="dp(eps=1)", privacy={"epsilon": 1.0, "delta": 1e-5, "note": evil}),
+        ],
+    )
+
+    written = write_leaderboards(tmp_path / "run", tmp_path / "lb")
+
+    pages = [p for p in map(Path, written) if p.suffix in (".md", ".html")]
+    assert any(p.suffix == ".md" for p in pages) and any(p.suffix == ".html" for p in pages), written
+    for p in pages:
+        text = p.read_text()
+        assert "<script>alert" not in text and "<img src=x>" not in text, p
+    md = (tmp_path / "lb" / "sc.md").read_text()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;\\|x" in md  # the pipe cannot split a table cell either
+
+
+def test_a_finished_record_with_other_resolved_parameters_is_stale():
+    """Cell ids hold labels (defaults omitted): a changed default must make the earlier record stale."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        store = Store(Path(d))
+        store.write(record(attack_params={"n_population": 1000, "alphas": (0.5, 2.0)}))
+
+        same = store.finished(
+            "toy", "0123456789abcdef", expect={"attack_params": {"n_population": 1000, "alphas": (0.5, 2.0)}}
+        )
+        changed = store.finished(
+            "toy", "0123456789abcdef", expect={"attack_params": {"n_population": None, "alphas": (0.5, 2.0)}}
+        )
+
+        assert same and not changed
+        assert store.finished("toy", "0123456789abcdef")  # without expectations: any finished record
