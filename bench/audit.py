@@ -53,18 +53,19 @@ class EpsilonBound:
         return asdict(self)
 
 
-def _beta():
-    """scipy.stats.beta, imported on first use: scipy.stats costs seconds at start-up."""
-    from scipy.stats import beta
+def _beta_ppf(q: float, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The Beta(a, b) quantile at ``q``: ``scipy.special.betaincinv``, which ``scipy.stats.beta.ppf`` computes too
+    (bit-identical inside the support, tests/test_audit.py); scipy.stats alone costs seconds at start-up."""
+    from scipy.special import betaincinv
 
-    return beta
+    return betaincinv(a, b, q)
 
 
 def cp_lower(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
     """One-sided Clopper-Pearson lower bound (level 1 - alpha) on a proportion with k successes of n."""
     k = np.asarray(k, dtype=float)
     with np.errstate(invalid="ignore"):
-        out = _beta().ppf(alpha, k, n - k + 1)
+        out = _beta_ppf(alpha, k, n - k + 1)
     return np.where(k <= 0, 0.0, out)
 
 
@@ -72,7 +73,7 @@ def cp_upper(k: np.ndarray, n: int, alpha: float) -> np.ndarray:
     """One-sided Clopper-Pearson upper bound (level 1 - alpha) on a proportion with k successes of n."""
     k = np.asarray(k, dtype=float)
     with np.errstate(invalid="ignore"):
-        out = _beta().ppf(1.0 - alpha, k + 1, n - k)
+        out = _beta_ppf(1.0 - alpha, k + 1, n - k)
     return np.where(k >= n, 1.0, out)
 
 

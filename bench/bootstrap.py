@@ -34,10 +34,33 @@ def tpr_unreported(fpr: float, n_nonmembers: int) -> str:
 def auroc_rows(pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
     """AUROC per row of [B, n1] member and [B, n0] non-member scores (Mann-Whitney U, ties averaged)."""
     n1, n0 = pos.shape[1], neg.shape[1]
-    from scipy import stats  # lazy: scipy.stats costs seconds at start-up
-
-    ranks = stats.rankdata(np.concatenate([pos, neg], axis=1), axis=1)
+    ranks = rank_rows(np.concatenate([pos, neg], axis=1))
     return (ranks[:, :n1].sum(1) - n1 * (n1 + 1) / 2) / (n1 * n0)
+
+
+def rank_rows(x: np.ndarray) -> np.ndarray:
+    """1-based ranks within each row of ``x``, ties averaged, a row holding NaN all NaN: exactly
+    ``scipy.stats.rankdata(x, axis=1)`` (tests/test_report_stats.py), without importing scipy.stats (seconds at
+    start-up, which a cached re-run's leaderboards would spend on this alone)."""
+    x = np.asarray(x, dtype=float)
+    if x.ndim != 2:
+        raise ValueError(f"rank_rows ranks the rows of a 2-d array, got shape {x.shape}")
+    b, n = x.shape
+    ranks = np.full((b, n), np.nan)
+    if n == 0:
+        return ranks
+    order = np.argsort(x, axis=1, kind="mergesort")
+    xs = np.take_along_axis(x, order, axis=1)
+    first = np.ones((b, n), dtype=bool)  # a position that starts a run of equal values
+    first[:, 1:] = xs[:, 1:] != xs[:, :-1]
+    last = np.ones((b, n), dtype=bool)  # ... that ends one
+    last[:, :-1] = first[:, 1:]
+    pos = np.arange(n)
+    start = np.maximum.accumulate(np.where(first, pos, 0), axis=1)
+    end = np.minimum.accumulate(np.where(last, pos, n - 1)[:, ::-1], axis=1)[:, ::-1]
+    np.put_along_axis(ranks, order, (start + end + 2) / 2.0, axis=1)  # mean of the 1-based ranks start..end
+    ranks[np.isnan(x).any(axis=1)] = np.nan
+    return ranks
 
 
 def tpr_at_fpr_rows(pos: np.ndarray, neg: np.ndarray, fpr: float) -> np.ndarray:

@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--mem-cap",
         default=None,
-        help="address-space cap per worker in MB (RLIMIT_AS; 0 = none; default 75%% of RAM / jobs, none on CUDA)",
+        help="address-space cap per worker in MB (RLIMIT_AS; 0 = none; default 75%% of RAM / jobs, at least twice "
+        "what a worker maps at start-up; none on CUDA)",
     )
     r.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda or cuda:N")
     r.add_argument(
@@ -152,6 +153,19 @@ def positive_number(raw: str | None, flag: str, *, integer: bool = False, allow_
     return v
 
 
+MAX_MEM_CAP_MB = 2**32  # 4 PiB: far above any machine, and its byte count fits RLIMIT_AS
+
+
+def address_space_mb() -> int:
+    """This process's virtual address space in MB (Linux ``/proc/self/statm``; 0 elsewhere): a worker imports
+    the same libraries, so an ``RLIMIT_AS`` below it kills every worker before its first cell."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return -(-pages * os.sysconf("SC_PAGE_SIZE") // 2**20)
+
+
 def worker_config(a, preset: str, device: str):
     """(jobs, WorkerConfig) from the flags, every one checked before anything runs."""
     from .executors import WorkerConfig, contributed_modules, default_mem_cap_mb, default_threads
@@ -163,8 +177,16 @@ def worker_config(a, preset: str, device: str):
         raise UsageError(f"--jobs must be at most 256, got {jobs}")
     timeout = positive_number(a.cell_timeout, "--cell-timeout")
     mem = positive_number(a.mem_cap, "--mem-cap", integer=True, allow_zero=True)
+    if mem is not None and mem > MAX_MEM_CAP_MB:  # RLIMIT_AS is a 64-bit byte count
+        raise UsageError(f"--mem-cap must be at most {MAX_MEM_CAP_MB} MB (0 = no cap), got {a.mem_cap!r}")
+    if mem and mem < (need := address_space_mb()):  # a worker could not even import torch: every cell would fail
+        raise UsageError(
+            f"--mem-cap {int(mem)} MB is below the address space a worker needs just to load torch and the "
+            f"benchmark ({need} MB here); give at least {need}, or 0 for no cap"
+        )
     if mem is None:
-        mem = 0 if device.startswith("cuda") else default_mem_cap_mb(jobs)  # CUDA maps huge address ranges
+        # CUDA maps huge address ranges; elsewhere a share of RAM, but never so little that no worker can start
+        mem = 0 if device.startswith("cuda") else max(default_mem_cap_mb(jobs), 2 * address_space_mb())
     cfg = WorkerConfig(
         threads=default_threads(jobs),
         mem_cap_mb=int(mem),
@@ -173,6 +195,8 @@ def worker_config(a, preset: str, device: str):
         quiet=not a.verbose,
         device=device,
     )
+    if a.ray_address is not None and not a.ray_address.strip():
+        raise UsageError("--ray-address must name a running cluster (e.g. ray://host:10001); got an empty string")
     if a.ray_address and a.executor != "ray":
         raise UsageError("--ray-address needs --executor ray")
     return jobs, cfg
@@ -202,9 +226,14 @@ def cmd_run(a) -> int:
     jobs, cfg = worker_config(a, preset, device)  # after expand(): contributed files are loaded by then
     if not a.verbose:
         silence_third_party()
-    tasks = build_tasks(names, preset, precision)  # may raise AssetMissing: still nothing written
     from .runner import plan, run
     from .runplan import CostModel, make_plan
+
+    # every cell recorded already: plan over the declarations (bench.specs), no task built, no model library
+    # imported; otherwise build them (may raise AssetMissing: still nothing written)
+    tasks = recorded_tasks(names, preset, precision, defenses, attacks, seeds, out)
+    if tasks is None:
+        tasks = build_tasks(names, preset, precision)
 
     if a.dry_run:  # the plan only: nothing is written, no worker started
         pl = make_plan(plan(tasks, defenses, attacks, seeds), Store(out), CostModel.from_records(out), jobs=jobs)
@@ -226,6 +255,32 @@ def cmd_run(a) -> int:
             print(f"wrote {path}")
     warn_positive_controls(out)
     return 0
+
+
+def recorded_tasks(names: list[str], preset: str, precision: str, defenses, attacks, seeds, out: Path) -> list | None:
+    """The scenarios' declared tasks (bench.specs) when every cell they plan is finished (ok or n/a) in ``out``,
+    so a fully cached re-run builds none; None when a cell is to run, a scenario declares no configuration at
+    this preset, or declaring fails (building then runs, or reports the problem)."""
+    from .runner import plan
+    from .specs import configured, declared
+
+    if not (Path(out) / "records").is_dir():
+        return None
+    store = Store(out)
+    tasks: list = []
+    try:
+        for n in names:  # scenario by scenario: the first unfinished cell ends the check
+            decl = declared(SCENARIOS.get(n), preset)
+            if not configured(decl):
+                return None
+            mine = [with_precision(d, precision) for d in decl or ()]
+            cells = plan(mine, defenses, attacks, seeds)
+            if not all(c.error is None and store.finished(c.task.scenario, c.id, expect=c.expected()) for c in cells):
+                return None
+            tasks.extend(mine)
+    except Exception:  # noqa: BLE001 - only a shortcut: building the tasks gives the authoritative error
+        return None
+    return tasks
 
 
 def warn_positive_controls(out: Path) -> None:
@@ -278,9 +333,7 @@ def cmd_list(a) -> int:
 def cmd_leaderboard(a) -> int:
     from .report.leaderboards import write_leaderboards
 
-    if not a.out.strip():
-        raise UsageError("--out must name a directory; got an empty string")
-    out = Path(a.out)
+    out = writable_dir(a.out)  # the leaderboards are written under it
     if not (out / "records").is_dir():
         raise UsageError(f"no records under {out / 'records'}; run `python -m bench run --out {out}` first")
     for path in write_leaderboards(out):

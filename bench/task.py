@@ -79,12 +79,14 @@ class Task:
         return [n for n, p in model.named_parameters() if p.requires_grad]
 
     def config_hash(self) -> str:
-        blob = json.dumps(
-            {"id": self.id, "preset": self.preset, "fl": self.fl.__dict__, **dict(self.config)},
-            sort_keys=True,
-            default=str,
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return config_hash(self.id, self.preset, self.fl, self.config)
+
+
+def config_hash(task_id: str, preset: str, fl: FLConfig, config: Mapping[str, Any]) -> str:
+    """The cache key of a task's configuration (``Task.config_hash``); bench.specs computes it from a scenario's
+    declarations, without building the task."""
+    blob = json.dumps({"id": task_id, "preset": preset, "fl": fl.__dict__, **dict(config)}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def subset_dataset(ds: Dataset, idx: Sequence[int]) -> Dataset:

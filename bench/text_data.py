@@ -9,6 +9,7 @@ the non-IID client splits). Alpaca-GPT4 (``vicgalle/alpaca-gpt4``) is the DP-Fed
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import re
@@ -19,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .assets import AssetMissing, hub_missing
+from .assets import AssetMissing, cache_dir, hub_missing
 
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
 INDEX_SUFFIXES = (".dat", ".u8", ".pos", ".idx")
@@ -129,6 +130,29 @@ def load_fortunes(
             f"no fortune files under {root}: the llm-text scenario needs the Debian packages "
             f"`fortunes` and `fortunes-min` (`apt-get install fortunes fortunes-min`)."
         )
+    # parsing and cleaning ~15k fortunes takes seconds: the result is cached under $BENCH_CACHE/data, keyed by
+    # the files' names, sizes and mtimes, the arguments and this module's source (any edit re-parses)
+    stamp = json.dumps(
+        [str(root), [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files], min_chars, max_chars]
+        + [min_letter_frac, hashlib.sha256(Path(__file__).read_bytes()).hexdigest()]
+    )
+    cached = cache_dir("data") / f"fortunes-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.json"
+    try:
+        d = json.loads(cached.read_text(encoding="utf-8"))
+        return TextCorpus(list(d["texts"]), [int(c) for c in d["labels"]], list(d["categories"]), str(d["source"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not cached yet (or damaged): parse
+    corpus = _parse_fortunes(root, files, min_chars=min_chars, max_chars=max_chars, min_letter_frac=min_letter_frac)
+    from .store import atomic_write_bytes
+
+    atomic_write_bytes(cached, json.dumps(corpus.__dict__).encode())
+    return corpus
+
+
+def _parse_fortunes(
+    root: Path, files: list[Path], *, min_chars: int, max_chars: int, min_letter_frac: float
+) -> TextCorpus:
+    """:func:`load_fortunes`'s corpus, parsed and cleaned from the strfile ``files``."""
     seen: set[str] = set()
     texts, labels, cats = [], [], []
     for path in files:
@@ -282,6 +306,11 @@ def collate_pad(items: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch
     return {"input_ids": ids, "attention_mask": mask, "category": cats}
 
 
+def compact_name(base: str, n_ids: int) -> str:
+    """:class:`CompactVocab`'s ``name_or_path`` (what a smoke task's config records as its tokenizer)."""
+    return f"{base} (compact, {n_ids} ids)"
+
+
 class CompactVocab:
     """A real tokenizer restricted to the token ids a corpus uses (smoke presets).
 
@@ -301,7 +330,7 @@ class CompactVocab:
         used = {i for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"] for i in ids}
         self.to_base = sorted(set(specials) | used)
         self.from_base = {b: i for i, b in enumerate(self.to_base)}
-        self.name_or_path = f"{getattr(tokenizer, 'name_or_path', 'tokenizer')} (compact, {len(self.to_base)} ids)"
+        self.name_or_path = compact_name(getattr(tokenizer, "name_or_path", "tokenizer"), len(self.to_base))
         unk = self._map_special(tokenizer.unk_token_id)
         if unk is None:  # no unknown token: fall back to EOS (never needed for the corpus itself)
             unk = self._map_special(tokenizer.eos_token_id) or 0

@@ -109,14 +109,22 @@ def smollm2_tokenizer():
     from transformers import AutoTokenizer
 
     gguf = smollm2_gguf()  # AssetMissing with the install hint when the package is absent
-    model_dir, tok_dir = _smollm2_dirs()
-    for d in (model_dir, tok_dir):
-        if _complete(d):
-            return AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+    _, tok_dir = _smollm2_dirs()
+    cached = smollm2_tokenizer_dir()
+    if cached is not None:
+        return AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
     with _atomic_dir(tok_dir) as tmp:
         tok.save_pretrained(str(tmp))
     return AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+
+
+def smollm2_tokenizer_dir() -> Path | None:
+    """The cached folder :func:`smollm2_tokenizer` loads (the converted model's, else the tokenizer's own), None
+    before the first conversion or without the package."""
+    if not _has_smollm2():
+        return None
+    return next((d for d in _smollm2_dirs() if _complete(d)), None)
 
 
 def _has_smollm2() -> bool:

@@ -174,6 +174,13 @@ def make_layout(tokenizer, num_image_tokens: int, pad_id: int) -> PromptLayout:
     return PromptLayout(tuple(pre), tuple(post), num_image_tokens, int(eos), int(pad_id), int(pad_id))
 
 
+def word_vocab(words: Sequence[str]) -> dict[str, int]:
+    """:func:`word_tokenizer`'s vocabulary: [PAD] [BOS] [EOS] [UNK], then each distinct non-blank word (its length
+    is the tokenizer's, known without building it)."""
+    specials = ["[PAD]", "[BOS]", "[EOS]", "[UNK]"]
+    return {w: i for i, w in enumerate(dict.fromkeys(specials + [w for w in words if w.strip()]))}
+
+
 def word_tokenizer(words: Sequence[str]):
     """smoke: a word-level tokenizer (``tokenizers`` WordLevel, whitespace split, commas isolated) over ``words``
     plus [PAD] [BOS] [EOS] [UNK]. A ~100-token vocabulary instead of SmolLM2's 49k: the output layer and its
@@ -181,8 +188,7 @@ def word_tokenizer(words: Sequence[str]):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["[PAD]", "[BOS]", "[EOS]", "[UNK]"]
-    vocab = {w: i for i, w in enumerate(dict.fromkeys(specials + [w for w in words if w.strip()]))}
+    vocab = word_vocab(words)
     t = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     t.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(",", behavior="isolated")]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bench.accounting import gaussian_sigma
-from bench.audit import DEFAULT_DELTA, audit_delta, epsilon_lower_bound, record_bound
+from bench.audit import DEFAULT_DELTA, audit_delta, cp_lower, cp_upper, epsilon_lower_bound, record_bound
 from bench.report import claims
 from bench.report.audit import dp_rows, row_audit
 from bench.report.markdown import audit_banner
@@ -165,3 +165,18 @@ def test_row_bound_is_bonferroni_corrected_over_its_cells_and_undefended_rows_us
     assert au["claimed"] is None and not au["violation"] and au["n_cells"] == 2
     assert au["lower_bound"] == pytest.approx(epsilon_lower_bound(s, y, delta=DEFAULT_DELTA, tests=2).value)
     assert au["lower_bound"] < epsilon_lower_bound(s, y, delta=DEFAULT_DELTA).value
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 250, 1000])
+@pytest.mark.parametrize("alpha", [0.05, 0.025, 0.05 / 8, 1e-4])
+def test_clopper_pearson_bounds_equal_scipy_stats_beta_bit_for_bit(n, alpha):
+    from scipy.stats import beta
+
+    k = np.arange(n + 1, dtype=float)
+
+    lo, hi = cp_lower(k, n, alpha), cp_upper(k, n, alpha)
+
+    with np.errstate(invalid="ignore"):
+        want_lo = np.where(k <= 0, 0.0, beta.ppf(alpha, k, n - k + 1))
+        want_hi = np.where(k >= n, 1.0, beta.ppf(1.0 - alpha, k + 1, n - k))
+    assert np.array_equal(lo, want_lo) and np.array_equal(hi, want_hi)

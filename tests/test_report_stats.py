@@ -4,9 +4,10 @@ positive-control criterion, utility collapse, escaping, and a run where every ce
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from bench import controls
-from bench.bootstrap import auroc_rows, paired_groups, paired_replicates, percentile_interval
+from bench.bootstrap import auroc_rows, paired_groups, paired_replicates, percentile_interval, rank_rows
 from bench.metrics import membership_metrics, membership_point
 from bench.report import reported
 from bench.report.leaderboards import write_leaderboards
@@ -203,3 +204,21 @@ def test_reported_numbers_are_only_set_beside_measurements_of_the_same_setting(t
     fortunes = out[(out.paper == "papers/000") & (out.table == "Table 4") & (out.scenario == "llm-text")]
     assert len(fortunes) and not fortunes.same_setting.any()  # MSCOCO/NoCaps is not the fortunes text setting
     assert out[(out.paper == "papers/000") & (out.scenario == "vlm-caption")].same_setting.all()
+
+
+@pytest.mark.parametrize("kind", ["ties", "continuous", "nan", "inf"])
+def test_rank_rows_equals_scipy_rankdata_exactly(kind):
+    from scipy.stats import rankdata
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        b, n = int(rng.integers(1, 5)), int(rng.integers(1, 50))
+        x = rng.integers(0, 4, (b, n)).astype(float) if kind == "ties" else rng.normal(size=(b, n))
+        if kind == "nan":
+            x[rng.random((b, n)) < 0.05] = np.nan
+        if kind == "inf":
+            x[rng.random((b, n)) < 0.2] = np.inf * rng.choice([-1.0, 1.0])
+
+        got = rank_rows(x)
+
+        assert np.array_equal(got, rankdata(x, axis=1), equal_nan=True)

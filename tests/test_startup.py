@@ -1,21 +1,26 @@
-"""Start-up: ``bench list`` plans over the scenarios' static declarations (bench.specs), building no task.
+"""Start-up: ``bench list`` plans over the scenarios' static declarations (bench.specs), building no task, and so
+does a fully cached ``bench run`` (every cell recorded already).
 
-The declarations must equal what building gives (id, TaskSpec fields, FL settings) and plan to the same
-cells, so the two cannot drift.
+The declarations must equal what building gives (id, TaskSpec fields, FL settings, configuration hash: the
+cell ids and training keys) and plan to the same cells, so the two cannot drift.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from bench import cli
+from bench.device import with_precision
 from bench.registry import ATTACKS, DEFENSES, SCENARIOS, expand
 from bench.runner import plan
-from bench.specs import declared
+from bench.specs import configured, declared
+from bench.store import Store
 from tests.conftest import smoke_tasks
 
 # Imported only by the functions that need them, never to list names or plan (`python -X importtime -m bench list`)
@@ -34,20 +39,41 @@ HEAVY = (
 )
 
 
+# Never imported by a fully cached re-run, leaderboards included (they build no model)
+MODEL_LIBRARIES = ("timm", "torchvision", "transformers", "diffusers", "peft")
+
+
 def _planned(tasks: list) -> list[tuple]:
     cells = plan(tasks, expand(DEFENSES, "all", full_grid=False), expand(ATTACKS, "all"), [0])
     return [(c.task.id, c.defense_label, c.attack.name, c.view, c.na, c.error) for c in cells]
 
 
+@functools.cache
+def _built(scenario: str, preset: str) -> tuple:
+    return tuple(smoke_tasks(scenario) if preset == "smoke" else SCENARIOS.get(scenario)(preset))
+
+
+@pytest.mark.parametrize(
+    "preset",
+    ["smoke", pytest.param("default", marks=pytest.mark.slow)],  # default builds load SmolLM2 / EfficientNet
+)
 @pytest.mark.parametrize("scenario", SCENARIOS.names())
-def test_smoke_declarations_equal_the_built_tasks(scenario):
-    built = smoke_tasks(scenario)  # skipped when the scenario's Debian asset is missing
+def test_declarations_equal_the_built_tasks(scenario, preset):
+    built = _built(scenario, preset)  # skipped when the scenario's Debian asset is missing (smoke)
 
-    decl = declared(SCENARIOS.get(scenario), "smoke")
+    decl = declared(SCENARIOS.get(scenario), preset)
 
-    assert decl is not None, f"{scenario} declares no smoke tasks (bench.specs)"
+    assert decl is not None, f"{scenario} declares no {preset} tasks (bench.specs)"
     assert all(type(d.api).__name__ == "TaskSpec" for d in decl)  # plain data, no functions
     assert [(d.id, d.api, d.fl) for d in decl] == [(t.id, t.api.spec(), t.fl) for t in built]
+    assert configured(decl), f"{scenario} declares no configuration at {preset}"
+    assert [(d.scenario, d.preset, dict(d.config)) for d in decl] == [
+        (t.scenario, t.preset, dict(t.config)) for t in built
+    ]
+    assert [d.config_hash() for d in decl] == [t.config_hash() for t in built]  # the cell ids' and training keys'
+    assert [with_precision(d, "bf16").config_hash() for d in decl] == [
+        with_precision(t, "bf16").config_hash() for t in built
+    ]
     assert _planned(decl) == _planned(built)
 
 
@@ -94,3 +120,64 @@ def test_listing_and_planning_import_no_heavy_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
 
     assert json.loads(out.strip().splitlines()[-1]) == []
+
+
+def _record_every_cell(out, tasks: list, defense: str, attack: str) -> int:
+    """Write a finished (n/a) record for every cell the *built* tasks plan, as a finished run leaves them."""
+    store = Store(out)
+    cells = plan(tasks, expand(DEFENSES, defense, full_grid=False), expand(ATTACKS, attack), [0])
+    for c in cells:
+        store.write(
+            {
+                **c.skeleton(),
+                "status": "n/a",
+                "reason": "recorded by the test",
+                "cost": {},
+                "utility": {},
+                "privacy": {},
+            }
+        )
+    return len(cells)
+
+
+def _cached_run(out, scenario: str) -> tuple[dict, list[str]]:
+    """A fully cached ``bench run`` in a fresh interpreter where building a task exits: its return code, the
+    top-level modules it imported, and its stdout lines."""
+    code = (
+        "import json, sys\n"
+        "import bench.cli\n"
+        "def no_build(*args, **kwargs):\n"
+        "    raise SystemExit('the cached re-run built a task')\n"
+        "bench.cli.build_tasks = no_build\n"
+        f"rc = bench.cli.main(['run', '--preset', 'smoke', '--scenario', {scenario!r}, '--defense', 'fedavg', "
+        f"'--attack', 'loss_mia', '--out', {str(out)!r}])\n"
+        "print(json.dumps({'rc': rc, 'modules': sorted({m.split('.')[0] for m in sys.modules})}))"
+    )
+    env = {**os.environ, "BENCH_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    lines = res.stdout.strip().splitlines()
+    return json.loads(lines[-1]), lines[:-1]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS.names())
+def test_a_cached_rerun_builds_no_task_and_imports_no_model_library(tmp_path, scenario):
+    n = _record_every_cell(tmp_path, list(_built(scenario, "smoke")), "fedavg", "loss_mia")
+
+    got, stdout = _cached_run(tmp_path, scenario)
+
+    assert got["rc"] == 0
+    assert f"{n} already done" in "\n".join(stdout) and "cells: 0 ok, 0 n/a, 0 failed" in "\n".join(stdout)
+    assert sorted(set(got["modules"]) & set(MODEL_LIBRARIES)) == []
+
+
+def test_a_missing_cell_builds_the_tasks(tmp_path):
+    tasks = list(_built("image-cls", "smoke"))
+    _record_every_cell(tmp_path, tasks, "fedavg", "loss_mia")
+    defenses, attacks = expand(DEFENSES, "fedavg", full_grid=False), expand(ATTACKS, "loss_mia")
+    args = (["image-cls"], "smoke", "fp32", defenses, attacks, [0], tmp_path)
+    assert [d.id for d in cli.recorded_tasks(*args) or []] == [t.id for t in tasks]
+
+    (next((tmp_path / "records").rglob("*.json"))).unlink()  # one cell not recorded
+
+    assert cli.recorded_tasks(*args) is None
+    assert cli.recorded_tasks(["image-cls"], "smoke", "fp32", defenses, attacks, [0, 1], tmp_path) is None

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import numpy as np
-from scipy import stats
 
 from ..bootstrap import (
     LEVEL,
@@ -158,6 +157,8 @@ def _from_record_cis(ms: Sequence[dict]) -> Estimate:
         return Estimate(
             float(m["value"]), float(m.get("ci_low", math.nan)), float(m.get("ci_high", math.nan)), 1, "record interval"
         )
+    from scipy import stats  # lazy: scipy.stats costs seconds at start-up, and one seed needs none
+
     z = stats.norm.ppf(0.5 + LEVEL / 2)
     se_within = [(m.get("ci_high", math.nan) - m.get("ci_low", math.nan)) / (2 * z) for m in ms]
     within = float(np.nanmean(np.square(se_within))) if not np.all(np.isnan(se_within)) else 0.0
@@ -192,6 +193,8 @@ def seed_estimate(values: Iterable[float]) -> Estimate | None:
         return None
     if len(v) == 1:
         return Estimate(float(v[0]), n_seeds=1, method="single seed")
+    from scipy import stats  # lazy (see _from_record_cis)
+
     half = stats.t.ppf(0.5 + LEVEL / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))
     return Estimate(float(v.mean()), float(v.mean() - half), float(v.mean() + half), len(v), "t over seeds")
 

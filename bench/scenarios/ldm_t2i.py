@@ -20,6 +20,7 @@ denoising loss and FID / KID (EfficientNet-Lite0 features) of images generated f
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -293,16 +294,19 @@ def build_task(preset: str) -> Task:
         splits,
         make_base,
         ldm.generate,
-        {
-            "model": p.model_label,
-            "text_encoder": "hashed bag of words"
-            if p.model.text == "hash"
-            else f"all-MiniLM-L6-v2 ({ldm.MINILM_PACKAGE})",
-            "ldm": p.model.arch(),
-            "pretrain_data": public_spec(p) if p.model.unet_steps else None,
-            "private_pool": "fashion-mnist test split (10k)",
-        },
+        _model_record(p),
     )
+
+
+def _model_record(p: Spec) -> dict[str, Any]:
+    """The model as ``Task.config`` records it on smoke / default."""
+    return {
+        "model": p.model_label,
+        "text_encoder": "hashed bag of words" if p.model.text == "hash" else f"all-MiniLM-L6-v2 ({ldm.MINILM_PACKAGE})",
+        "ldm": p.model.arch(),
+        "pretrain_data": public_spec(p) if p.model.unet_steps else None,
+        "private_pool": "fashion-mnist test split (10k)",
+    }
 
 
 def _assemble(
@@ -359,20 +363,7 @@ def _assemble(
         seed=p.data_seed,
         heldout_loss=mean_loss(ldm.per_sample_loss, ldm.collate, heldout.items, batch_size=32),
     )
-    sizes = {k: len(v) for k, v in splits.items()}
-    config = {
-        **model_cfg,
-        "splits": sizes,
-        "client_sizes": [len(c) for c in parts],
-        "central_epochs": p.central_epochs,
-        "lora": {"r": p.model.lora_r, "alpha": p.model.lora_alpha, "targets": list(p.model.lora_targets)},
-        "eval_timesteps": diffusion.eval_timesteps,
-        "gen_steps": p.gen_steps,
-        "guidance": p.guidance,
-        "data_seed": p.data_seed,
-        "model_seed": p.model_seed,
-        **p.notes,
-    }
+    config = _assemble_config(p, model_cfg, {k: len(v) for k, v in splits.items()}, [len(c) for c in parts])
     extras = {
         "aux_members": list(splits["aux_members"]),
         "aux_nonmembers": list(splits["aux_nonmembers"]),
@@ -405,6 +396,46 @@ def _assemble(
         config=config,
         eval_subsets=eval_subsets,
     )
+
+
+def _assemble_config(
+    p: Spec, model_cfg: dict[str, Any], sizes: dict[str, int], client_sizes: list[int]
+) -> dict[str, Any]:
+    """``Task.config``: the model record, the split sizes and the clients' sizes, with the preset's recipe."""
+    return {
+        **model_cfg,
+        "splits": sizes,
+        "client_sizes": client_sizes,
+        "central_epochs": p.central_epochs,
+        "lora": {"r": p.model.lora_r, "alpha": p.model.lora_alpha, "targets": list(p.model.lora_targets)},
+        "eval_timesteps": _diffusion_spec(p).eval_timesteps,
+        "gen_steps": p.gen_steps,
+        "guidance": p.guidance,
+        "data_seed": p.data_seed,
+        "model_seed": p.model_seed,
+        **p.notes,
+    }
+
+
+def _declared_config(preset: str) -> dict[str, Any]:
+    """``Task.config`` on smoke / default from the labels and the split alone (nothing rendered or encoded, no
+    model): what :func:`build_task` records, for planning a cached run (bench.specs)."""
+    p = preset_entry(SPECS, preset)
+    src = _fashion()
+    sizes = {
+        "aux_members": p.n_aux_m,
+        "te_members": p.n_te_m,
+        "aux_nonmembers": p.n_aux_nm,
+        "te_nonmembers": p.n_te_nm,
+        "heldout": p.n_heldout,
+    }
+    need = sum(sizes.values())
+    if need > len(src.test_x):
+        raise ValueError(f"the private pool has {len(src.test_x)} images, the preset needs {need}")
+    perm = np.random.default_rng(p.data_seed).permutation(len(src.test_x))[:need]
+    labels = [int(y) for y in src.test_y[perm[: p.n_aux_m + p.n_te_m]]]
+    parts = split_clients(labels, p.fl.num_clients, p.fl.dirichlet_alpha, seed=p.data_seed)
+    return _assemble_config(p, _model_record(p), sizes, [len(c) for c in parts])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -500,7 +531,7 @@ def _diffusion_spec(p: Spec) -> DiffusionSpec:
 def specs(preset: str):
     """The task as ``bench list`` plans it, without rendering data or loading a model (bench.specs); None on
     ``paper`` (SD v1.5's blocks are counted on the loaded model) and when Fashion-MNIST is not installed."""
-    from bench.specs import DeclaredTask, fashion_mnist_installed
+    from bench.specs import DeclaredTask, LazyConfig, fashion_mnist_installed
     from bench.types import TaskSpec
 
     p = preset_entry(SPECS, preset)
@@ -519,6 +550,7 @@ def specs(preset: str):
                 aux_sets=True,
             ),
             p.fl,
+            config=LazyConfig(functools.partial(_declared_config, preset)),
         )
     ]
 

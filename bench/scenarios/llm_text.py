@@ -16,6 +16,7 @@ categories (Hsu et al. 2019). Presets:
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -36,6 +37,7 @@ from bench.text_data import (
     TextCorpus,
     TokenizedTexts,
     collate_pad,
+    compact_name,
     load_alpaca_gpt4,
     load_fortunes,
     stratified_split,
@@ -264,20 +266,10 @@ def _tokenizer_and_base(
         if texts is not None:
             tok = CompactVocab(tok, texts)
         make = lambda: llm.tiny_llama(tok, p.model_seed, **p.tiny)  # noqa: E731
-        return (
-            tok,
-            make,
-            make().config,
-            {"model": f"tiny-llama(random, seed {p.model_seed}, {p.tiny})", "tokenizer": tok.name_or_path},
-        )
+        return tok, make, make().config, _model_record(p, tok.name_or_path)
     if p.model == "smollm2-135m":
         base, tok = llm.smollm2_base()
-        return (
-            tok,
-            (lambda: copy.deepcopy(base)),
-            base.config,
-            {"model": f"{llm.SMOLLM2_NAME} ({llm.SMOLLM2_PACKAGE} {llm.md.version(llm.SMOLLM2_PACKAGE)} GGUF)"},
-        )
+        return tok, (lambda: copy.deepcopy(base)), base.config, _model_record(p, None)
     from transformers import AutoConfig
 
     path = llm.resolve_local(llm.LLAMA2_ID, llm.LLAMA2_REVISION)  # fails at once, naming hub id and revision
@@ -291,6 +283,79 @@ def _tokenizer_and_base(
         paper_base,
         AutoConfig.from_pretrained(str(path), local_files_only=True),
         {"model": llm.LLAMA2_ID, "model_revision": llm.LLAMA2_REVISION, "quantization": "4-bit nf4"},
+    )
+
+
+def _model_record(p: Spec, tokenizer: str | None) -> dict[str, Any]:
+    """The model as ``Task.config`` records it on smoke / default (``tokenizer``: the tiny model's)."""
+    if p.model == "tiny-llama":
+        return {"model": f"tiny-llama(random, seed {p.model_seed}, {p.tiny})", "tokenizer": tokenizer}
+    return {"model": f"{llm.SMOLLM2_NAME} ({llm.SMOLLM2_PACKAGE} {llm.md.version(llm.SMOLLM2_PACKAGE)} GGUF)"}
+
+
+def _task_config(
+    p: Spec, model_cfg: dict[str, Any], data_cfg: dict[str, Any], sizes: tuple[int, int, int], client_sizes: list[int]
+) -> dict[str, Any]:
+    """``Task.config``: the model and data records, the split sizes (members, non-members, test), the clients'."""
+    return {
+        **model_cfg,
+        **data_cfg,
+        "max_len": p.max_len,
+        "n_members": sizes[0],
+        "n_nonmembers": sizes[1],
+        "n_test": sizes[2],
+        "client_sizes": client_sizes,
+        "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
+        "data_seed": p.data_seed,
+        "model_seed": p.model_seed,
+        **p.notes,
+    }
+
+
+def _compact_tokenizer_name(texts: Sequence[str]) -> str:
+    """``CompactVocab(llm.default_tokenizer(), texts).name_or_path`` read with the ``tokenizers`` library from the
+    cached SmolLM2 tokenizer files, so planning imports no ``transformers`` (ids as ``tokenizer(texts,
+    add_special_tokens=False)`` gives them, plus the bos / eos / pad / unk ids its tokenizer_config names)."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    folder = llm.smollm2_tokenizer_dir()
+    if folder is None:
+        raise FileNotFoundError("no cached SmolLM2 tokenizer yet (building the task converts it)")
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    specials = set()
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        t = cfg.get(key)
+        t = t.get("content") if isinstance(t, dict) else t
+        i = tok.token_to_id(t) if isinstance(t, str) else None
+        if i is not None:
+            specials.add(i)
+    used = {i for enc in tok.encode_batch(list(texts), add_special_tokens=False) for i in enc.ids}
+    return compact_name(str(folder), len(specials | used))
+
+
+def _declared_config(preset: str) -> dict[str, Any]:
+    """``Task.config`` on smoke / default from the corpus and the split alone (no model, no ``transformers``):
+    what :func:`build_task` records, for planning a cached run (bench.specs)."""
+    p = preset_entry(SPECS, preset)
+    corpus, data_cfg = _corpus(p)
+    n = len(corpus)
+    members, nonmembers, test = stratified_split(
+        corpus.labels, [p.n_members / n, p.n_nonmembers / n, p.n_test / n], seed=p.data_seed
+    )
+    tokenizer = None
+    if p.model == "tiny-llama":
+        used = [corpus.texts[i] for idx in (members, nonmembers, test) for i in idx] if p.compact_vocab else None
+        if used is None:
+            raise ValueError("only the compact smoke vocabulary is declared")
+        tokenizer = _compact_tokenizer_name(used)
+    parts = split_clients(
+        [int(corpus.labels[i]) for i in members], p.fl.num_clients, p.fl.dirichlet_alpha, seed=p.data_seed
+    )
+    return _task_config(
+        p, _model_record(p, tokenizer), data_cfg, (len(members), len(nonmembers), len(test)), [len(c) for c in parts]
     )
 
 
@@ -363,19 +428,8 @@ def build_task(preset: str) -> Task:
         logits=lm_logits,
         population_size=len(pop),
     )
-    config = {
-        **model_cfg,
-        **data_cfg,
-        "max_len": p.max_len,
-        "n_members": len(member_ds),
-        "n_nonmembers": len(nonmember_ds),
-        "n_test": len(test_ds),
-        "client_sizes": [len(c) for c in parts],
-        "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
-        "data_seed": p.data_seed,
-        "model_seed": p.model_seed,
-        **p.notes,
-    }
+    sizes = (len(member_ds), len(nonmember_ds), len(test_ds))
+    config = _task_config(p, model_cfg, data_cfg, sizes, [len(c) for c in parts])
     return Task(
         scenario="llm-text",
         variant="",
@@ -401,12 +455,14 @@ NUM_LAYERS = {"smollm2-135m": 30, "llama-2-7b": 32}
 def specs(preset: str):
     """The task as ``bench list`` plans it, without loading the corpus or a model (bench.specs); None on
     ``paper`` (building checks its model and data are there)."""
-    from bench.specs import DeclaredTask
+    from bench.specs import DeclaredTask, LazyConfig
     from bench.types import TaskSpec
 
     p = preset_entry(SPECS, preset)
     if preset == "paper":
         return None
+    # the configuration is declared where it needs no model: the smoke tokenizer read from its cached files
+    known = p.model != "tiny-llama" or llm.smollm2_tokenizer_dir() is not None
     layers = p.tiny["layers"] if p.model == "tiny-llama" else NUM_LAYERS[p.model]
     return [
         DeclaredTask(
@@ -421,6 +477,7 @@ def specs(preset: str):
                 population_size=N_POPULATION[preset],
             ),
             p.fl,
+            config=LazyConfig(functools.partial(_declared_config, preset)) if known else None,
         )
     ]
 

@@ -21,6 +21,7 @@ disjoint from the pool) and then frozen (:mod:`models.vlm`). Presets:
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -400,21 +401,41 @@ def _encoder_and_lm(p: Spec) -> tuple[vlm.FrozenEncoder, Callable[[], nn.Module]
     if p.model == "tiny":
         tok = vlm.word_tokenizer(vlm.prompt_words() + caption_words())
         make = lambda: llm.tiny_llama(tok, p.model_seed, **p.tiny)  # noqa: E731
-        return (
-            vlm.TinyCNN(p.model_seed),
-            make,
-            tok,
-            {
-                "model": f"tiny VLM: random CNN (seed {p.model_seed}) + "
-                f"tiny-llama(random, seed {p.model_seed}, {p.tiny})",
-                "tokenizer": f"word-level, {len(tok)} tokens (prompt + caption vocabulary)",
-            },
-        )
+        return vlm.TinyCNN(p.model_seed), make, tok, _model_record(p, len(tok))
     if p.model == "effnet-smollm2":
         base, tok = llm.smollm2_base()
         encoder = vlm.EfficientNetLite0Map(p.encoder_size)
-        return encoder, (lambda: copy.deepcopy(base)), tok, {"model": effnet_smollm2_name(p)}
+        return encoder, (lambda: copy.deepcopy(base)), tok, _model_record(p, None)
     raise ValueError(f"unknown VLM {p.model!r}")
+
+
+def _model_record(p: Spec, vocab: int | None) -> dict[str, Any]:
+    """The model as ``Task.config`` records it (``vocab``: the smoke word tokenizer's size)."""
+    if p.model == "tiny":
+        return {
+            "model": f"tiny VLM: random CNN (seed {p.model_seed}) + tiny-llama(random, seed {p.model_seed}, {p.tiny})",
+            "tokenizer": f"word-level, {vocab} tokens (prompt + caption vocabulary)",
+        }
+    if p.model == "effnet-smollm2":
+        return {"model": effnet_smollm2_name(p)}
+    raise ValueError(f"unknown VLM {p.model!r}")
+
+
+def _task_record(p: Spec, model_cfg: dict[str, Any]) -> dict[str, Any]:
+    """What build_task adds to the model record (the projector's recipe, the data, the canvas)."""
+    return {
+        **model_cfg,
+        "projector": {
+            "stage1_steps": p.projector_steps,
+            "n_public": p.n_public,
+            "batch": p.projector_batch,
+            "lr": p.projector_lr,
+            "trained_in_fl": p.train_projector,
+            "spec": projector_spec(p, model_cfg["model"]),
+        },
+        "data": "fashion-mnist test split (Debian dataset-fashion-mnist), grounded captions",
+        "canvas": p.canvas,
+    }
 
 
 # Attacker-side population images per preset (reference models, [RMIA] / [LiRA]): Fashion-MNIST test images outside
@@ -506,19 +527,7 @@ def build_task(preset: str) -> Task:
         nonmembers,
         test,
         collate,
-        {
-            **model_cfg,
-            "projector": {
-                "stage1_steps": p.projector_steps,
-                "n_public": p.n_public,
-                "batch": p.projector_batch,
-                "lr": p.projector_lr,
-                "trained_in_fl": p.train_projector,
-                "spec": spec,
-            },
-            "data": "fashion-mnist test split (Debian dataset-fashion-mnist), grounded captions",
-            "canvas": p.canvas,
-        },
+        _task_record(p, model_cfg),
         arch="llama",
         probe=lambda: assemble(None),
         population=population,
@@ -576,21 +585,7 @@ def _assemble(
     utility = make_caption_utility(
         test_ds.items, collate, generate=generate, loss_fn=vlm.caption_nll, gen_items=p.gen_items, batch_size=16
     )
-    config = {
-        **model_cfg,
-        "prompt": vlm.PROMPT_PRE + "{image}" + vlm.PROMPT_POST,
-        "side": p.side,
-        "n_members": len(member_ds),
-        "n_nonmembers": len(nonmember_ds),
-        "n_test": len(test_ds),
-        "client_sizes": [len(c) for c in parts],
-        "gen_items": p.gen_items,
-        "gen_tokens": p.gen_tokens,
-        "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
-        "data_seed": p.data_seed,
-        "model_seed": p.model_seed,
-        **p.notes,
-    }
+    config = _assemble_config(p, model_cfg, (len(member_ds), len(nonmember_ds), len(test_ds)), [len(c) for c in parts])
     return Task(
         scenario="vlm-caption",
         variant="",
@@ -608,6 +603,43 @@ def _assemble(
         config=config,
         population=Items(population) if population else None,
     )
+
+
+def _assemble_config(
+    p: Spec, model_cfg: dict[str, Any], sizes: tuple[int, int, int], client_sizes: list[int]
+) -> dict[str, Any]:
+    """``Task.config`` (smoke / default): the model record, the prompt, the split sizes (members, non-members,
+    test) and the clients' sizes."""
+    return {
+        **model_cfg,
+        "prompt": vlm.PROMPT_PRE + "{image}" + vlm.PROMPT_POST,
+        "side": p.side,
+        "n_members": sizes[0],
+        "n_nonmembers": sizes[1],
+        "n_test": sizes[2],
+        "client_sizes": client_sizes,
+        "gen_items": p.gen_items,
+        "gen_tokens": p.gen_tokens,
+        "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
+        "data_seed": p.data_seed,
+        "model_seed": p.model_seed,
+        **p.notes,
+    }
+
+
+def _declared_config(preset: str) -> dict[str, Any]:
+    """``Task.config`` from the labels and the split alone (nothing rendered, no tokenizer or model built): what
+    :func:`build_task` records on smoke / default, for planning a cached run (bench.specs)."""
+    p = preset_entry(SPECS, preset)
+    src = _fashion()
+    n = len(src.test_y)
+    sizes = (p.n_members, p.n_nonmembers, p.n_test)
+    splits = stratified_split(src.test_y, [s / n for s in sizes], seed=p.data_seed)
+    labels = [int(y) for y in src.test_y[sorted(splits[0])]]
+    parts = split_clients(labels, p.fl.num_clients, p.fl.dirichlet_alpha, seed=p.data_seed)
+    vocab = len(vlm.word_vocab(vlm.prompt_words() + caption_words())) if p.model == "tiny" else None
+    model_cfg = _task_record(p, _model_record(p, vocab))
+    return _assemble_config(p, model_cfg, (len(splits[0]), len(splits[1]), len(splits[2])), [len(c) for c in parts])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -769,7 +801,7 @@ NUM_LAYERS = {"effnet-smollm2": 30}
 def specs(preset: str):
     """The task as ``bench list`` plans it, without rendering data or loading a model (bench.specs); None on
     ``paper`` (building checks its model and data) and when Fashion-MNIST is not installed (building says so)."""
-    from bench.specs import DeclaredTask, fashion_mnist_installed
+    from bench.specs import DeclaredTask, LazyConfig, fashion_mnist_installed
     from bench.types import TaskSpec
 
     p = preset_entry(SPECS, preset)
@@ -789,6 +821,7 @@ def specs(preset: str):
                 population_size=N_POPULATION[preset],
             ),
             p.fl,
+            config=LazyConfig(functools.partial(_declared_config, preset)),
         )
     ]
 
