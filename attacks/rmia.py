@@ -9,11 +9,28 @@ a Gaussian-likelihood-like score, monotone in the loss.
 RMIA ([RMIA], offline): Pr(x) = ((1 + a) mean_r p(x | theta_r) + (1 - a)) / 2 over OUT reference
 models (every reference model is OUT for every candidate and every z, ``bench.reference``), the same for
 each population sample z; LR(x, z) = [p(x|theta) / Pr(x)] / [p(z|theta) / Pr(z)];
-score = fraction of z with LR(x, z) >= gamma.
+score = fraction of z with LR(x, z) >= gamma. Constants as in the authors' code (privacytrustlab/
+ml_privacy_meter): the offline Pr(x) above is attacks.py:118/132 and modules/mia/attacks/rmia.py:131/141 (from
+P_IN ~ a P_OUT + (1 - a), documentation/mia.md); a = 0.3 is the library's default (modules/mia/README.md:6) and
+the paper's CIFAR-10 / CINIC-10 setting (research/2024_rmia/attack_configs/*, commit d327341: 0.6 on CIFAR-100,
+0.2 on Purchase-100; the library can also grid-search it on a reference model, tune_offline_a); gamma = 1 is
+the library's (run_rmia counts ratios > 1.0, attacks.py:136 and modules/mia/attacks/rmia.py:145;
+documentation/mia.md:94 "the default value of gamma is 1"); the paper's experiment code uses 2
+(research/2024_rmia/README.md:121, all 59 attack configs) with another signal (temperature-2 Taylor softmax,
+18 augmented queries, majority vote). With one query the score is F_z(ratio_x - log gamma), F_z the empirical
+CDF of the z ratios: gamma never reorders candidates, it only moves where the score saturates at 0 and 1, and
+on our exp(-loss) signal gamma = 2 saturates: every score 0 (AUROC 0.500) in 5 of the 8 image-cls smoke rmia
+cells, against none with 1. The z samples are the whole z pool (top_k = -1, README.md:118; the library's
+population_size defaults to all too). The paper's score counts LR >= gamma (documentation/mia.md:92); the
+code's strict > differs on exact ties only.
 
-LiRA offline ([LiRA]): phi = log(p / (1 - p)) (logit scaling), a Gaussian N(mu_x, sigma^2) fitted
-over the OUT reference models' phi(x); one-sided test, score = log Pr[N(mu_x, sigma^2) <= phi_target(x)].
-With few reference models sigma is the global one (std of every reference phi, [LiRA]'s fixed variance).
+LiRA offline ([LiRA], Algorithm 1 offline): phi = log(p / (1 - p)) (logit scaling), a Gaussian
+N(mu_x, sigma^2) fitted over the OUT reference models' phi(x); one-sided test, score = log Pr[N(mu_x, sigma^2)
+<= phi_target(x)]. With few reference models sigma is the global one (std of every reference phi: the paper's
+fixed variance, ``fix_variance`` in the authors' code, tensorflow/privacy research/mi_lira_2021/plot.py
+generate_ours_offline). That code fits mu with the median (equal to the mean for R <= 2), sigma with np.std
+(ddof 0; we use ddof 1, a constant factor: the same ranking) and scores -logpdf (two-sided); we follow the
+paper's one-sided test and mean.
 """
 
 from __future__ import annotations
@@ -70,9 +87,9 @@ def lira_offline_scores(phi_target: Tensor, phi_refs: Tensor, *, global_variance
 @dataclass
 class RMIA(Attack):
     n_reference: int | None = param(None, ge=1, le=256)  # R; None = the preset's (2 on smoke, 4 elsewhere)
-    gamma: float = param(1.0, gt=0.0, le=1000.0)  # LR threshold ([RMIA]'s reference code: 1)
-    a: float = param(0.3, ge=0.0, le=1.0)  # offline Pr(x) approximation ([RMIA]'s reference code: 0.3)
-    n_population: int = param(1000, ge=1, le=1_000_000)  # z samples (at most the task's z pool)
+    gamma: float = param(1.0, gt=0.0, le=1000.0)  # LR threshold ([RMIA]'s code: 1, module doc)
+    a: float = param(0.3, ge=0.0, le=1.0)  # offline Pr(x) approximation ([RMIA]'s code: 0.3, module doc)
+    n_population: int | None = param(None, ge=1, le=1_000_000)  # z samples; None = the whole z pool ([RMIA])
     lira_global_variance: bool = True  # [LiRA]: a global variance with few reference models
     timesteps: int = param(10, ge=0, le=1000)  # diffusion steps of the loss (only with api.diffusion_ops)
     batch_size: int = param(16, ge=1, le=4096)
@@ -84,6 +101,8 @@ class RMIA(Attack):
         "variant; reference models trained on population data with the target's recipe"
     )
     uses_reference = True  # the harness puts a bench.reference.Reference in obs.reference
+    # a conformance run's caps (bench.conformance.cap_budget): one reference run, few z, few diffusion steps
+    budget = {"n_reference": 1, "n_population": 64, "timesteps": 2}
 
     def applies(self, task: TaskSpec) -> str | None:
         return population_reason(task)
@@ -123,4 +142,9 @@ class RMIA(Attack):
             ),
             "neg_loss": -lx,
         }
-        return Scores(scores, primary="rmia", keep=("lira_offline",))
+        details = {  # what the attacker was assumed to know and how it scored (the record's attack_details)
+            "attacker_knowledge": obs.reference.knowledge(),
+            "rmia": {"gamma": self.gamma, "a": self.a, "n_z": len(z)},
+            "lira_offline": {"global_variance": self.lira_global_variance or len(refs) < 2},
+        }
+        return Scores(scores, primary="rmia", keep=("lira_offline",), details=details)

@@ -5,14 +5,18 @@ settings, the same defense configuration and budget: what a server or a model us
 (``Task.population``) disjoint from every evaluation candidate, each with its own seed: the offline setting,
 no reference model ever trains on a candidate. Per cell seed the population is split once into a training
 pool (each reference model draws the target's training-set size from it) and a z pool ([RMIA]'s population
-samples z, in no reference model's training data). Federated recipe: the draw is cut into chunks of the
-target clients' sizes (IID, whatever the target's split); central recipe (released model): one set of the
-central training size. The client view's reference model is the reference run's client of the same index:
-one client's local training under the same protocol.
+samples z, in no reference model's training data). Federated recipe: the draw is split over the
+clients as the target's data is: an IID target's draw is cut into chunks of the target clients' sizes; a
+Dirichlet(alpha) target's (``FLConfig.dirichlet_alpha``) is split by the same ``bench.fl.split_clients`` and
+alpha over the population items' labels, seeded by the reference's own seed. Central recipe (released model):
+one set of the central training size. The client view's reference model is the reference run's client of the
+same index: one client's local training under the same protocol.
 
-Reference runs are cached like training runs (safetensors + JSON, ``bench.cachefile``) under
-``<cache>/reference/<key>``, the key = the target's train key + the reference index + a fingerprint of the
-reference's training data, so every cell and view of a (task, defense, seed) reuses them.
+Reference runs are cached like training runs (safetensors + JSON, ``bench.cachefile``, written atomically)
+under ``<cache>/reference/<key>``, the key = the target's train key + the reference index + a fingerprint of
+the reference's training data (+ the split when it is Dirichlet), so every cell and view of a (task, defense,
+seed) reuses them. The engine trains them as units of their own before the cells that use them
+(:func:`reference_units`, :func:`train_reference`); a cell finding one missing trains it in place.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from . import cachefile
-from .fl import TrainResult, client_model_state, run_federated
+from .fl import TrainResult, client_model_state, run_federated, split_clients
 from .signal_cache import fingerprint
 from .store import stable_hash
 from .task import Task
@@ -85,16 +89,49 @@ def reference_indices(split: PopulationSplit, n_train: int, seed: int, r: int) -
     return [split.train_pool[i] for i in rng.choice(len(split.train_pool), n_train, replace=False).tolist()]
 
 
-def reference_task(task: Task, defense: Defense | None, items: list[Any]) -> Task:
-    """The target task with its training data replaced by ``items`` (chunked to the target's sizes)."""
+def dirichlet_alpha(task: Task, defense: Defense | None) -> float | None:
+    """The target's client split: Dirichlet(alpha) label skew, or None (IID chunks; the central setting)."""
+    central = defense is not None and defense.setting == "central"
+    return None if central else task.fl.dirichlet_alpha
+
+
+def population_labels(task: Task, positions: list[int]) -> list[int]:
+    """The labels of population items at ``positions`` (what a Dirichlet split skews by): the population
+    dataset's ``labels`` (every scenario's datasets carry them)."""
+    labels = getattr(task.population, "labels", None)
+    if labels is None:
+        raise ValueError(
+            f"task {task.id} splits its clients Dirichlet({task.fl.dirichlet_alpha}) by label, but its population "
+            f"data ({type(task.population).__name__}) has no `labels` to split the reference clients by"
+        )
+    return [int(labels[i]) for i in positions]
+
+
+def reference_task(
+    task: Task,
+    defense: Defense | None,
+    items: list[Any],
+    *,
+    labels: list[int] | None = None,
+    split_seed: int = 0,
+) -> Task:
+    """The target task with its training data replaced by ``items``: chunked to the target's sizes (IID), or
+    split Dirichlet(alpha) over ``labels`` by ``bench.fl.split_clients`` seeded ``split_seed`` as the target's."""
     sizes = training_sizes(task, defense)
     if sum(sizes) != len(items):
         raise ValueError(f"{len(items)} reference items for training sets of sizes {sizes}")
     chunks: list[Dataset] = []
-    start = 0
-    for n in sizes:
-        chunks.append(cast(Dataset, items[start : start + n]))  # a list is a map-style dataset
-        start += n
+    alpha = dirichlet_alpha(task, defense)
+    if alpha is not None:
+        if labels is None or len(labels) != len(items):
+            raise ValueError(f"a Dirichlet({alpha}) reference split needs one label per item ({len(items)} items)")
+        for part in split_clients(labels, len(sizes), alpha, split_seed):
+            chunks.append(cast(Dataset, [items[i] for i in part]))
+    else:
+        start = 0
+        for n in sizes:
+            chunks.append(cast(Dataset, items[start : start + n]))  # a list is a map-style dataset
+            start += n
     central = defense is not None and defense.setting == "central"
     return replace(
         task,
@@ -112,33 +149,47 @@ def _cache_dirs(cache_root: Path) -> tuple[Path, Path]:
     return cache_root / "reference", cache_root.parent / "quarantine" / cache_root.name / "reference"
 
 
-def get_reference(task: Task, defense: Defense, seed: int, r: int, cache_root: Path | None) -> TrainResult:
-    """Reference run ``r`` of the (task, defense, seed) target: loaded from the cache or trained now (and
-    cached). ``cache_root`` None: trained in memory only (checks and tests)."""
+@dataclass(frozen=True)
+class RefSpec:
+    """Reference run ``r`` of a (task, defense, seed) target: its training items, their labels (Dirichlet
+    splits only) and its cache key."""
+
+    key: str
+    items: list[Any]
+    labels: list[int] | None
+    n_train: int
+
+
+def reference_spec(task: Task, defense: Defense, seed: int, r: int) -> RefSpec:
     if task.population is None:
         raise ValueError(f"task {task.id} has no population data for reference models")
     n_train = sum(training_sizes(task, defense))
     split = population_split(n_items(task.population), n_train, seed)
-    items = [task.population[i] for i in reference_indices(split, n_train, seed, r)]
-    key = stable_hash(
-        {
-            "target": train_key(task, defense, seed),
-            "reference": r,
-            "seed": ref_seed(seed, r),
-            "data": fingerprint(items),
-        }
-    )
-    if key in _MEMO:
-        return _MEMO[key]
-    stem = qdir = None
-    if cache_root is not None:
-        root, qdir = _cache_dirs(Path(cache_root))
-        stem = root / key
-        hit = cachefile.load(stem, _decode, quarantine_dir=qdir)
-        if hit is not None:
-            return _remember(key, hit)
+    positions = reference_indices(split, n_train, seed, r)
+    items = [task.population[i] for i in positions]
+    alpha = dirichlet_alpha(task, defense)
+    desc: dict[str, Any] = {
+        "target": train_key(task, defense, seed),
+        "reference": r,
+        "seed": ref_seed(seed, r),
+        "data": fingerprint(items),
+    }
+    if alpha is not None:  # only then: IID reference runs keep their cache keys
+        desc["split"] = f"dirichlet({alpha})"
+    labels = population_labels(task, positions) if alpha is not None else None
+    return RefSpec(stable_hash(desc), items, labels, n_train)
+
+
+def reference_cached(task: Task, defense: Defense, seed: int, r: int, cache_root: Path) -> bool:
+    """True when reference run ``r``'s cache entry exists and is intact (a damaged one is quarantined now)."""
+    root, qdir = _cache_dirs(Path(cache_root))
+    return cachefile.verify(root / reference_spec(task, defense, seed, r).key, quarantine_dir=qdir)
+
+
+def _train(task: Task, defense: Defense, seed: int, r: int, spec: RefSpec, stem: Path | None) -> TrainResult:
+    """Train reference run ``r`` now and cache it at ``stem`` (atomically; None: memory only)."""
     _, res = run_federated(
-        reference_task(task, defense, items),
+        reference_task(task, defense, spec.items, labels=spec.labels, split_seed=ref_seed(seed, r)),
         defense,
         ref_seed(seed, r),
         desc=f"reference {r} {task.id} {label(defense)} s{seed}",
@@ -155,7 +206,7 @@ def get_reference(task: Task, defense: Defense, seed: int, r: int, cache_root: P
             "params": params_of(defense),
             "seed": seed,
             "reference": r,
-            "n_train": n_train,
+            "n_train": spec.n_train,
         }
         try:
             cachefile.save(stem, tensors, meta)
@@ -164,16 +215,56 @@ def get_reference(task: Task, defense: Defense, seed: int, r: int, cache_root: P
                 f"warning: reference cache {r} for {label(defense)} seed {seed} not written: {type(e).__name__}: {e}",
                 file=sys.stderr,
             )
-    return _remember(key, res)
+    return res
+
+
+def get_reference(task: Task, defense: Defense, seed: int, r: int, cache_root: Path | None) -> TrainResult:
+    """Reference run ``r`` of the (task, defense, seed) target: loaded from the cache or trained now (and
+    cached). ``cache_root`` None: trained in memory only (checks and tests)."""
+    spec = reference_spec(task, defense, seed, r)
+    if spec.key in _MEMO:
+        return _MEMO[spec.key]
+    stem = None
+    if cache_root is not None:
+        root, qdir = _cache_dirs(Path(cache_root))
+        stem = root / spec.key
+        hit = cachefile.load(stem, _decode, quarantine_dir=qdir)
+        if hit is not None:
+            return _remember(spec.key, hit)
+    return _remember(spec.key, _train(task, defense, seed, r, spec, stem))
+
+
+def train_reference(task: Task, defense: Defense, seed: int, r: int, cache_root: Path) -> bool:
+    """The engine's reference unit: train and cache reference run ``r`` unless an intact entry exists; the
+    result is not kept in memory, so every cell reads the stored copy whoever trained it (as training units
+    do). Returns True when it trained."""
+    spec = reference_spec(task, defense, seed, r)
+    root, qdir = _cache_dirs(Path(cache_root))
+    if cachefile.verify(root / spec.key, quarantine_dir=qdir):
+        return False
+    _MEMO.pop(spec.key, None)
+    _train(task, defense, seed, r, spec, root / spec.key)
+    return True
 
 
 def ensure_references(task: Task, defense: Defense, seed: int, cache_root: Path, n: int | None = None) -> int:
-    """Train and cache the first R reference runs of a (task, defense, seed) now (the engine's hook: a unit
-    scheduled before the cells that use them, so the cells only load them); returns R."""
+    """Train and cache the first R reference runs of a (task, defense, seed) now (what the engine's reference
+    units do one run each, :func:`train_reference`); returns R."""
     n = int(n) if n else default_count(task.preset)
     for r in range(n):
-        get_reference(task, defense, seed, r, cache_root)
+        train_reference(task, defense, seed, r, cache_root)
     return n
+
+
+def reference_count(task: Task, attacks: list[Any]) -> int:
+    """R a set of attack configurations needs on ``task``: the largest of their ``n_reference`` (None = the
+    preset's default); 0 when none uses reference models."""
+    counts = [
+        int(getattr(a, "n_reference", None) or default_count(task.preset))
+        for a in attacks
+        if getattr(a, "uses_reference", False)
+    ]
+    return max(counts, default=0)
 
 
 def _remember(key: str, res: TrainResult) -> TrainResult:
@@ -227,6 +318,29 @@ class Reference:
             }
         )
         return self._models[:n]
+
+    def knowledge(self) -> dict[str, Any]:
+        """What the attacker was assumed to know, for the record's ``attack_details``: ``used`` plus the
+        population's size, its split (reference training pool / z pool) and the reference clients' split."""
+        out = dict(self.used)
+        if self.task.population is not None:
+            n_pop = n_items(self.task.population)
+            n_train = sum(training_sizes(self.task, self.defense))
+            alpha = dirichlet_alpha(self.task, self.defense)
+            out.update(
+                {
+                    "population_size": n_pop,
+                    "reference_train_pool": n_pop // 2,
+                    "z_pool": n_pop - n_pop // 2,
+                    "reference_train_size": n_train,
+                    "reference_client_split": "central (one training set)"
+                    if self.defense is not None and self.defense.setting == "central"
+                    else f"dirichlet({alpha}) over the population labels, as the target"
+                    if alpha is not None
+                    else "IID chunks of the target clients' sizes, as the target",
+                }
+            )
+        return out
 
     def _model(self, r: int) -> nn.Module:
         api = self.task.api

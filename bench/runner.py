@@ -63,6 +63,14 @@ class Cell:
             }
         )
 
+    def expected(self) -> dict[str, Any]:
+        """Record fields a finished record must match besides the id: the resolved parameters (the id holds
+        labels, which omit defaults, so a changed default makes an earlier record stale and the cell is redone)."""
+        return {
+            "defense_params": params_of(self.defense) if self.defense else {},
+            "attack_params": params_of(self.attack),
+        }
+
     def skeleton(self) -> dict[str, Any]:
         return {
             "cell_id": self.id,
@@ -160,7 +168,8 @@ class TaskRef:
 
 @dataclass
 class Unit:
-    """One piece of isolated work: a training run (``kind="train"``) or one attack cell (``"cell"``)."""
+    """One piece of isolated work: a training run (``kind="train"``), a reference run of a training run's recipe
+    (``"reference"``, [RMIA]: index ``ref_index``) or one attack cell (``"cell"``)."""
 
     kind: str
     key: str  # train key or cell id
@@ -174,6 +183,7 @@ class Unit:
     cost: float = 1.0  # estimated seconds (progress weight)
     device: str = "cpu"  # where the worker builds models (bench.device; resolved by the CLI)
     registered: tuple[str, str] = ("", "")  # registry names of the defense / attack classes (see execute_unit)
+    ref_index: int = -1  # a reference unit's reference run (bench.reference)
 
     def portable(self) -> Unit:
         t = self.task
@@ -273,6 +283,13 @@ def execute_unit(unit: Unit) -> dict:
             with autocast(task, unit.device):  # --precision (bench.device)
                 train = get_training(task, unit.defense, unit.seed, out / "cache")
             return {**base, "status": "ok", "reason": "", "wall_s": time.time() - t0, "train_wall_s": train.wall_s}
+        if unit.kind == "reference":  # cached, not kept: cells read the stored copy, as after a train unit
+            from .reference import train_reference
+
+            assert unit.defense is not None and unit.ref_index >= 0  # a reference run of a defense's recipe
+            with autocast(task, unit.device):
+                train_reference(task, unit.defense, unit.seed, unit.ref_index, out / "cache")
+            return {**base, "status": "ok", "reason": "", "wall_s": time.time() - t0}
         with autocast(task, unit.device):
             return {**base, **_execute_cell(unit, task, out)}
     except KeyboardInterrupt:
@@ -462,13 +479,47 @@ def run(
         executor.on_progress = advance
     poll = getattr(executor, "poll_progress", None)
 
+    # cells wait for the units they need (their group's training run; a reference-model attack's cells
+    # also the group's reference runs): {"keys": unit keys not finished, "cells": ..., "failed": bool}
+    blocked: dict[str, list[dict]] = {}  # unit key -> the waiting entries it holds back
+    ready: list[list[Cell]] = []  # entries with nothing to wait for, fanned out once every unit is submitted
+
+    def wait_for(keys: set[str], cells: list[Cell]) -> None:
+        if not cells:
+            return
+        if not keys:
+            ready.append(cells)
+            return
+        entry: dict[str, Any] = {"keys": set(keys), "cells": cells, "failed": False}
+        for k in keys:
+            blocked.setdefault(k, []).append(entry)
+
+    def unblock(key: str, failure: str | None, traceback_: str = "") -> None:
+        """Unit ``key`` finished: fan out the cells it was the last to hold back, or fail its cells."""
+        for entry in blocked.pop(key, []):
+            if entry["failed"]:
+                continue
+            if failure is not None:
+                entry["failed"] = True
+                for c in entry["cells"]:
+                    write_failed(store, c.skeleton(), failure, traceback=traceback_)
+                    summary.counts["failed"] += 1
+                    bar.update(estimator.cell_cost(c))
+                continue
+            entry["keys"].discard(key)
+            if not entry["keys"]:
+                fanout(entry["cells"])
+
     def submit(u: Unit, group: list[Cell]) -> None:
         running[u.key] = u
         try:
             pending[executor.submit(ship(u))] = (u, group)
         except ValueError as e:  # the unit cannot be shipped (no task source): fail its cells
             running.pop(u.key, None)
-            for c in group if u.kind == "train" else [c for c in group if c.id == u.key]:
+            if u.kind != "cell":
+                unblock(u.key, f"not run: {e}")
+                return
+            for c in [c for c in group if c.id == u.key]:
                 write_failed(store, c.skeleton(), f"not run: {e}")
                 summary.counts["failed"] += 1
 
@@ -483,25 +534,54 @@ def run(
         for c in pl.na_cells:
             write_na(store, c)
             summary.counts["n/a"] += 1
+        units: list[tuple[Unit, list[Cell]]] = []  # training runs first, then reference runs ([RMIA])
+        refs: list[tuple[Unit, list[Cell]]] = []
         for key, group in pl.groups.items():
             task, defense, seed = group[0].task, group[0].defense, group[0].seed
+            deps: set[str] = set()
             if key in pl.needs_training:
-                submit(
-                    Unit(
-                        "train",
-                        train_key(task, defense, seed),
-                        task,
-                        defense,
-                        seed=seed,
-                        out=str(out),
-                        cost=estimator.train_cost(task, defense),
-                        device=device,
-                    ),
-                    group,
+                tkey = train_key(task, defense, seed)
+                deps.add(tkey)
+                units.append(
+                    (
+                        Unit(
+                            "train",
+                            tkey,
+                            task,
+                            defense,
+                            seed=seed,
+                            out=str(out),
+                            cost=estimator.train_cost(task, defense),
+                            device=device,
+                        ),
+                        group,
+                    )
                 )
-        for key, group in pl.groups.items():  # base-model groups and groups whose training is cached
-            if key not in pl.needs_training:
-                fanout(group)
+            if key not in pl.needs_reference:
+                wait_for(deps, group)
+                continue
+            tkey = train_key(task, defense, seed)
+            ref_deps = set()
+            for r in pl.needs_reference[key]:
+                u = Unit(
+                    "reference",
+                    f"{tkey}/reference/{r}",
+                    task,
+                    defense,
+                    seed=seed,
+                    out=str(out),
+                    cost=estimator.train_cost(task, defense),
+                    device=device,
+                    ref_index=r,
+                )
+                ref_deps.add(u.key)
+                refs.append((u, group))
+            wait_for(deps, [c for c in group if not getattr(c.attack, "uses_reference", False)])
+            wait_for(deps | ref_deps, [c for c in group if getattr(c.attack, "uses_reference", False)])
+        for u, group in units + refs:
+            submit(u, group)
+        for cells_ in ready:  # base-model groups and groups whose training (and references) are cached
+            fanout(cells_)
         while pending:
             done, _ = cf.wait(list(pending), timeout=REPORT_S if poll else None, return_when=cf.FIRST_COMPLETED)
             for key, fraction in poll() if poll else ():
@@ -513,20 +593,11 @@ def run(
                 except Exception as e:  # noqa: BLE001 - an executor-level error (e.g. a Ray worker lost)
                     res = {"status": "failed", "reason": f"executor error: {type(e).__name__}: {e}", "written": False}
                 finish(unit)
-                if unit.kind == "train":
-                    summary.trained += 1
-                    if res["status"] == "ok":
-                        fanout(group)
-                    else:
-                        for c in group:
-                            write_failed(
-                                store,
-                                c.skeleton(),
-                                f"training failed: {res['reason']}",
-                                traceback=res.get("traceback", ""),
-                            )
-                            summary.counts["failed"] += 1
-                            bar.update(estimator.cell_cost(c))
+                if unit.kind != "cell":
+                    summary.trained += unit.kind == "train"
+                    what = "training failed" if unit.kind == "train" else f"reference run {unit.ref_index} failed"
+                    ok = res["status"] == "ok"
+                    unblock(unit.key, None if ok else f"{what}: {res['reason']}", res.get("traceback", ""))
                     continue
                 assert unit.skeleton is not None and unit.attack is not None  # a cell unit
                 if not res.get("written"):

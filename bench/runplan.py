@@ -97,6 +97,8 @@ class Plan:
     groups: dict[tuple, list] = field(default_factory=dict)  # applicable unfinished cells by group_key
     needs_training: set = field(default_factory=set)  # group keys whose training run is not cached
     trainings: int = 0  # distinct training runs the applicable unfinished cells use
+    references: int = 0  # reference runs ([RMIA]) the applicable unfinished cells use
+    needs_reference: dict[tuple, list[int]] = field(default_factory=dict)  # group key -> reference runs to train
     est_total_s: float = 0.0  # summed over units (one worker)
     jobs: int = 1
     learned_from: int = 0
@@ -104,6 +106,10 @@ class Plan:
     @property
     def to_run(self) -> int:
         return sum(len(g) for g in self.groups.values())
+
+    @property
+    def to_train_references(self) -> int:
+        return sum(len(v) for v in self.needs_reference.values())
 
     @property
     def est_wall_s(self) -> float:
@@ -115,12 +121,21 @@ class Plan:
             if self.learned_from
             else "rough per-family defaults (no earlier records in --out)"
         )
+        refs = (
+            [
+                f"      reference runs: {self.references} used by the cells to run, {self.to_train_references} to "
+                f"train ({self.references - self.to_train_references} cached)"
+            ]
+            if self.references
+            else []
+        )
         return "\n".join(
             [
                 f"plan: {self.planned} cells planned, {self.applicable} applicable "
                 f"({self.planned - self.applicable} n/a), {self.done} already done, {self.to_run} to run",
                 f"      training runs: {self.trainings} used by the cells to run, {len(self.needs_training)} to train "
                 f"({self.trainings - len(self.needs_training)} cached)",
+                *refs,
                 f"      estimated time: {fmt_duration(self.est_wall_s)} with {self.jobs} job(s) "
                 f"({fmt_duration(self.est_total_s)} of work; {src})",
             ]
@@ -146,7 +161,7 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
     pl = Plan(planned=len(cells), jobs=jobs, learned_from=model.n_records)
     for c in cells:
         pl.applicable += c.na is None
-        if store.finished(c.task.scenario, c.id):
+        if store.finished(c.task.scenario, c.id, expect=c.expected()):
             pl.done += 1
         elif c.na is not None:
             pl.na_cells.append(c)
@@ -161,7 +176,27 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
         if not training_cached(c.task, c.defense, c.seed, store.out):
             pl.needs_training.add(key)
             pl.est_total_s += model.train_cost(c.task, c.defense)
+        todo = references_to_train(group, store.out)
+        pl.references += todo[0]
+        if todo[1]:
+            pl.needs_reference[key] = todo[1]
+            pl.est_total_s += len(todo[1]) * model.train_cost(c.task, c.defense)  # the target's recipe
     return pl
+
+
+def references_to_train(group: list, out: Path) -> tuple[int, list[int]]:
+    """(R, the reference runs not cached) a group's reference-model cells ([RMIA]) need. A group whose
+    references cannot be planned (e.g. too small a population) schedules none: its cells fail with the reason."""
+    from .reference import reference_cached, reference_count
+
+    c = group[0]
+    n = reference_count(c.task, [x.attack for x in group]) if c.defense is not None else 0
+    if not n or c.task.population is None:
+        return 0, []
+    try:
+        return n, [r for r in range(n) if not reference_cached(c.task, c.defense, c.seed, r, Path(out) / "cache")]
+    except ValueError:
+        return 0, []
 
 
 def plan_dict(pl: Plan) -> dict[str, Any]:
@@ -172,5 +207,7 @@ def plan_dict(pl: Plan) -> dict[str, Any]:
         "to_run": pl.to_run,
         "trainings": pl.trainings,
         "to_train": len(pl.needs_training),
+        "references": pl.references,
+        "to_train_references": pl.to_train_references,
         "est_wall_s": pl.est_wall_s,
     }

@@ -200,3 +200,159 @@ def test_base_model_cells_use_the_base_model_as_reference(trained):
     auroc = got["metrics"]["auroc"]
     assert auroc["ci_low"] <= 0.5 <= auroc["ci_high"], auroc
     assert got["reference"]["recipe"].startswith("base model")
+
+
+# ----------------------------------------------------------------------------------------------
+# constants, budget and what the record states
+
+
+def test_gamma_moves_saturation_but_never_reorders_candidates():
+    g = torch.Generator().manual_seed(0)
+    p_x, p_x_refs = torch.rand(40, generator=g), torch.rand(40, 2, generator=g)
+    p_z, p_z_refs = torch.rand(30, generator=g), torch.rand(30, 2, generator=g)
+
+    s1 = rmia_scores(p_x, p_x_refs, p_z, p_z_refs, a=0.3, gamma=1.0)
+    s2 = rmia_scores(p_x, p_x_refs, p_z, p_z_refs, a=0.3, gamma=2.0)
+
+    above = s1[:, None] > s1[None, :]  # every pair gamma = 1 orders strictly ...
+    assert (s2[:, None] >= s2[None, :])[above].all()  # ... gamma = 2 never orders the other way
+    assert (s2 <= s1).all() and (s2 < s1).any()  # a stricter threshold: fewer z beaten
+
+
+def test_the_defaults_are_the_authors_and_a_conformance_run_caps_the_budget():
+    from bench.conformance import cap_budget
+
+    capped, notes = cap_budget(RMIA())
+
+    assert (RMIA().gamma, RMIA().a, RMIA().n_population) == (1.0, 0.3, None)
+    assert (capped.n_reference, capped.n_population, capped.timesteps) == (1, 64, 2), notes
+
+
+class _Labeled(list):
+    """A list dataset with per-item labels (as the scenarios' datasets carry them)."""
+
+    def __init__(self, items):
+        super().__init__(items)
+        self.labels = [int(y) for _, y in items]
+
+
+def _dirichlet_task(alpha: float | None = 0.5):
+    task = _population_task(rounds=1)
+    return replace(task, fl=replace(task.fl, dirichlet_alpha=alpha), population=_Labeled(task.population))
+
+
+def test_reference_clients_follow_a_dirichlet_target_split():
+    task, defense = _dirichlet_task(0.5), FedAvg()
+    spec = ref.reference_spec(task, defense, 0, 1)
+    want = split_clients(spec.labels, 3, 0.5, ref.ref_seed(0, 1))  # the target's split function and alpha
+
+    rtask = ref.reference_task(task, defense, spec.items, labels=spec.labels, split_seed=ref.ref_seed(0, 1))
+
+    got = [[y for _, y in c] for c in rtask.client_data]
+    assert got == [[spec.labels[i] for i in part] for part in want]
+    assert [len(c) for c in got] != [len(c) for c in task.client_data]  # not the IID chunks of the target's sizes
+    assert spec.key != ref.reference_spec(_dirichlet_task(None), defense, 0, 1).key  # its own cache entry
+
+
+def test_iid_reference_keys_and_chunks_are_unchanged_by_the_labels():
+    task, defense = _dirichlet_task(None), FedAvg()
+    spec = ref.reference_spec(task, defense, 0, 0)
+
+    rtask = ref.reference_task(task, defense, spec.items)
+
+    assert spec.labels is None
+    assert [len(c) for c in rtask.client_data] == [len(c) for c in task.client_data]
+
+
+def test_a_dirichlet_target_needs_population_labels():
+    task = replace(_dirichlet_task(0.5), population=list(_population_task(rounds=1).population))
+
+    with pytest.raises(ValueError, match="no `labels`"):
+        ref.reference_spec(task, FedAvg(), 0, 0)
+
+
+def test_train_reference_caches_once_and_keeps_nothing_in_memory(tmp_path):
+    task, defense = _population_task(rounds=1), FedAvg()
+    ref._MEMO.clear()
+
+    first = ref.train_reference(task, defense, 0, 0, tmp_path)
+    again = ref.train_reference(task, defense, 0, 0, tmp_path)
+
+    assert (first, again) == (True, False) and not ref._MEMO
+    assert ref.reference_cached(task, defense, 0, 0, tmp_path)
+    assert not ref.reference_cached(task, defense, 0, 1, tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------
+# the engine: reference runs are units of their own, scheduled before the cells that need them
+
+
+class _Recording:
+    """The inline executor, noting each unit it runs (kind, key, reference index) in order."""
+
+    name = "inline"
+    jobs = 1
+
+    def __init__(self, fail_reference: bool = False):
+        from bench.runner import InlineExecutor
+
+        self.inner, self.seen, self.fail_reference = InlineExecutor(), [], fail_reference
+
+    def submit(self, unit):
+        self.seen.append((unit.kind, unit.key, unit.ref_index))
+        if self.fail_reference and unit.kind == "reference":
+            import concurrent.futures as cf
+
+            fut = cf.Future()
+            fut.set_result({"key": unit.key, "kind": unit.kind, "status": "failed", "reason": "boom", "written": False})
+            return fut
+        return self.inner.submit(unit)
+
+    def shutdown(self, *, kill: bool = False) -> None:
+        pass
+
+
+def test_reference_runs_are_units_before_their_cells_and_planned(tmp_path):
+    import shutil
+
+    from bench.runner import plan, run
+    from bench.runplan import CostModel, make_plan
+    from bench.store import Store
+
+    task, ex = _population_task(rounds=1), _Recording()
+    cells = plan([task], [FedAvg()], [RMIA()], [0])
+    pl = make_plan(cells, Store(tmp_path), CostModel(), jobs=2)
+
+    summary = run([task], [FedAvg()], [RMIA()], [0], tmp_path, executor=ex)
+    rec = next(r for r in Store(tmp_path).records() if r["defense"] == "fedavg" and r["view"] == "global_model")
+    shutil.rmtree(tmp_path / "records")  # the cells lost, the training and reference runs cached
+    again = make_plan(cells, Store(tmp_path), CostModel(), jobs=2)
+
+    order = {key: i for i, (_, key, _) in enumerate(ex.seen)}
+    refs = [(i, r) for i, (k, _, r) in enumerate(ex.seen) if k == "reference"]
+    fedavg_cells = [order[c.id] for c in cells if c.defense is not None]
+    assert (pl.references, pl.to_train_references) == (2, 2)
+    assert "reference runs: 2 used by the cells to run, 2 to train (0 cached)" in pl.render()
+    assert sorted(r for _, r in refs) == [0, 1] and max(i for i, _ in refs) < min(fedavg_cells)
+    assert summary.counts["failed"] == 0 and summary.counts["ok"] == len(cells)
+    assert (again.references, again.to_train_references, len(again.needs_training)) == (2, 0, 0)
+    assert "reference runs: 2 used by the cells to run, 0 to train (2 cached)" in again.render()
+    knows = rec["attack_details"]["attacker_knowledge"]
+    assert knows["n_reference"] == 2 and knows["population_size"] == 256 and knows["reference_train_size"] == 96
+
+
+def test_a_failed_reference_run_fails_only_the_cells_that_need_it(tmp_path):
+    from bench.runner import run
+    from bench.store import Store
+
+    task = _population_task(rounds=1)
+
+    run([task], [FedAvg()], [RMIA(), LossMIA()], [0], tmp_path, executor=_Recording(fail_reference=True))
+
+    status = {
+        (r["defense"], r["attack"], r["view"]): (r["status"], r.get("reason", "")) for r in Store(tmp_path).records()
+    }
+    got, why = status[("fedavg", "rmia", "global_model")]
+    assert got == "failed" and why.startswith("reference run ") and why.endswith(" failed: boom"), why
+    assert status[("fedavg", "loss_mia", "global_model")][0] == "ok"
+    assert status[("base", "rmia", "global_model")][0] == "ok"  # the base model is its own reference
