@@ -164,11 +164,30 @@ def fedavg_aggregate(global_state: dict[str, Tensor], msgs: Sequence[Message], c
         if not any(name in m.tensors for m in msgs):
             continue
         avg = weighted_mean(msgs, name)
-        if msgs[0].kind == "gradient":
+        if msgs[0].kind == "gradient" and (ctx.fl.optimizer == "sgd" or ctx.run is None):
             new[name] = global_state[name] - ctx.fl.lr * avg
+        elif msgs[0].kind == "gradient":
+            new[name] = server_step(ctx, name, global_state[name], avg)
         else:
             new[name] = avg.to(global_state[name].dtype)
     return new
+
+
+def server_step(ctx: RoundCtx, name: str, value: Tensor, grad: Tensor) -> Tensor:
+    """FedSGD with the task's adaptive optimiser (Adam / AdamW): the server applies it to the mean gradient,
+    i.e. central training with that optimiser; its moments live in the run's state across rounds."""
+    assert ctx.run is not None
+    params: dict[str, nn.Parameter] = ctx.run.state.setdefault("server_params", {})
+    if name not in params:
+        params[name] = nn.Parameter(value.detach().clone())
+        opts = ctx.run.state.setdefault("server_opts", {})
+        opts[name] = make_optimizer([params[name]], ctx.fl)
+    p = params[name]
+    with torch.no_grad():
+        p.copy_(value)
+    p.grad = grad.detach().to(p.dtype).clone()
+    ctx.run.state["server_opts"][name].step()
+    return p.detach().clone()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ Two tasks, ``image-cls/vit`` and ``image-cls/resnet34``, share the data and the 
 - ``default``: a narrow ViT (patch 7, dim 128, depth 6) and a quarter-width ResNet34 at 28 px
   (``models.image``), both pre-trained once (cached under ``$BENCH_CACHE/image``, safetensors + JSON) on
   6,000 Fashion-MNIST training images disjoint from every member, non-member and test image; then
-  federated fine-tuning of 5 IID clients x 100 members with many local epochs, so the undefended model
+  federated fine-tuning of 2 IID clients x 250 members over 10 rounds x 3 epochs, so the undefended model
   over-fits its members (the positive control) while test accuracy stays >= 0.7 (measurements at
   :func:`fl_config`). 600 non-members, 1,000 test images from the official test split. MNIST-5k /
   sklearn digits if the Debian package is missing (the source used is in ``task.config["data"]``).
@@ -79,7 +79,7 @@ SPECS = {
         vit=image_models.ViTSize(patch=8, width=48, depth=2, heads=2, mlp_ratio=2.0),
         resnet=image_models.ResNetSize(layers=(1, 1, 1, 1), channels=(16, 32, 64, 128)),
     ),
-    # 500 members (100 per client) and 600 non-members: >= 250 evaluation candidates per side plus an attacker
+    # 500 members (250 per client) and 600 non-members: >= 250 evaluation candidates per side plus an attacker
     # split; the base is pre-trained on 6,000 further training images (module doc)
     "default": Spec(
         img_size=28,
@@ -126,8 +126,8 @@ INVERSION_ITERATIONS = {"smoke": 60, "default": 300, "paper": 24_000}
 
 
 def fl_config(preset: str, arch: str) -> FLConfig:
-    """smoke / default train with plain SGD so that ``lr`` means the same in the FedAvg form (local SGD)
-    and the FedSGD form (the server's step on the mean gradient). ``paper``: [FLRSP] Table 1."""
+    """smoke / default: the optimiser means the same in the FedAvg form (local steps) and the FedSGD form (the
+    server's step on the mean gradient, :func:`bench.fl.server_step` for Adam). ``paper``: [FLRSP] Table 1."""
     if preset == "smoke":
         return FLConfig(
             num_clients=4,
@@ -160,14 +160,17 @@ def fl_config(preset: str, arch: str) -> FLConfig:
         # 0.557 / 0.580, member loss 0.62 (no faster than with 5 clients). A weaker base
         # (ResNet pre-trained 40 steps, acc 0.686) leaks no more. The loss attack rises slowly because members
         # reach ~0 loss while many non-members, classified confidently by the base, are near 0 too.
+        # Chosen 2026-11-23 from the trials above: 2 clients x 250 members, every client in every round, 10 rounds x
+        # 3 local epochs; ResNet34 SGD lr 0.1, ViT Adam lr 3e-4 (SGD stalls the ViT; FedSGD then applies Adam on
+        # the server, bench.fl.server_step). The strongest attack (rmia) is what the positive control is read on.
         return FLConfig(
-            num_clients=5,
-            clients_per_round=5,
-            rounds=3,
-            local_epochs=15,
+            num_clients=2,
+            clients_per_round=2,
+            rounds=10,
+            local_epochs=3,
             batch_size=16,
-            lr=0.03 if arch == "vit" else 0.1,
-            optimizer="sgd",
+            lr=3e-4 if arch == "vit" else 0.1,
+            optimizer="adam" if arch == "vit" else "sgd",
             mode="fedavg",
         )
     # [FLRSP] Table 1: 5 clients, batch 32, lr 1e-5 (ViT) / 1e-4 (ResNet), 10 epochs. The optimiser is not
@@ -403,6 +406,112 @@ def _datasets(src: image_data.ImageSource, idx: dict, spec: Spec, fl: FLConfig, 
 # ----------------------------------------------------------------------------------------------
 
 
+def _model_config(
+    arch: str,
+    preset: str,
+    spec: Spec,
+    num_classes: int,
+    vit: ViTSpec | None,
+    base: BaseSpec | None,
+    weights: dict | None,
+) -> dict[str, Any]:
+    """What ``Task.config["model"]`` records: the builder, and the pre-trained weights or base it starts from."""
+    model_cfg: dict[str, Any] = {"arch": arch, "seed": MODEL_SEED, "builder": f"models.image.{arch}"}
+    if spec.pretrained:
+        assert weights is not None  # build() loads the paper weights first
+        hub_id, rev = image_models.PAPER_WEIGHTS[arch]
+        model_cfg.update({"pretrained": True, "hub_id": hub_id, "revision": rev, "commit": weights["commit"]})
+    else:
+        model_cfg.update(
+            {
+                "pretrained": base is not None,
+                "stem_maxpool": False if arch == "resnet34" else None,
+                "patch_size": vit.patch_size if vit is not None else None,
+            }
+        )
+        if base is not None:  # the cache key's identity; the weights live in $BENCH_CACHE/image/<key>
+            model_cfg["pretrain"] = {
+                **base.key_spec(arch, preset, spec.img_size, num_classes),
+                "images": "the last n_images of the data permutation (disjoint from members, non-members and test)",
+                **asdict(base.cfg),
+            }
+    return model_cfg
+
+
+def _base_spec(src: image_data.ImageSource, idx: dict, spec: Spec, arch: str) -> BaseSpec | None:
+    """The pre-trained base's identity (default preset), None when the model starts from random weights."""
+    if not (spec.n_pretrain and spec.pretrain is not None):
+        return None
+    mean, std = image_models.NORMALISATION[arch]
+    return BaseSpec(src.name, tuple(int(i) for i in idx["pretrain"]), tuple(mean), tuple(std), spec.pretrain[arch])
+
+
+def _task_config(
+    src: image_data.ImageSource,
+    idx: dict,
+    spec: Spec,
+    *,
+    client_sizes: list[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    model_cfg: dict[str, Any],
+    target_kinds: list[str],
+    target_labels: list[int],
+) -> dict[str, Any]:
+    """``Task.config``: everything pinned, hashed for caching (built here and in :func:`specs` alike)."""
+    return {
+        "data": {
+            "source": src.name,
+            "origin": src.origin,
+            "seed": DATA_SEED,
+            "img_size": spec.img_size,
+            "n_train": len(idx["train"]),
+            "n_test": len(idx["test"]),
+            "n_nonmembers": len(idx["nonmembers"]),
+            "n_pretrain": len(idx["pretrain"]),
+            "nonmembers_from": idx["nonmembers_from"],
+            "client_sizes": client_sizes,
+            "mean": list(mean),
+            "std": list(std),
+        },
+        "model": model_cfg,
+        "recon_targets": {
+            "items": target_kinds,
+            "labels": target_labels,
+            "photo_label_rule": "photo i -> class i % num_classes",
+        },
+        "max_membership": spec.max_membership,
+        "dp_delta": spec.dp_delta,
+    }
+
+
+def _declared_config(preset: str, arch: str) -> dict[str, Any]:
+    """``Task.config`` of ``image-cls/<arch>`` from the labels and the split alone (no image converted, no photo
+    read, no model): what :func:`build` records, for planning a cached run (bench.specs)."""
+    spec = preset_entry(SPECS, preset)
+    src = _source(preset)
+    idx = _indices(src, spec)
+    fl = fl_config(preset, arch)
+    mean, std = image_models.NORMALISATION[arch]
+    member_labels = np.asarray(src.train_y[idx["train"]], dtype=np.int64)
+    parts = split_clients(member_labels.tolist(), fl.num_clients, fl.dirichlet_alpha, seed=DATA_SEED)
+    names = image_data.PHOTOS[: spec.n_photos]
+    firsts = [parts[0][j] for j in range(min(spec.n_client_targets, len(parts[0])))]
+    return _task_config(
+        src,
+        idx,
+        spec,
+        client_sizes=[len(p) for p in parts],
+        mean=mean,
+        std=std,
+        model_cfg=_model_config(
+            arch, preset, spec, len(src.classes), _vit_spec(preset, arch), _base_spec(src, idx, spec, arch), None
+        ),
+        target_kinds=[f"photo:{n}" for n in names] + [f"client0:{i}" for i in firsts],
+        target_labels=[i % len(src.classes) for i in range(len(names))] + [int(member_labels[i]) for i in firsts],
+    )
+
+
 def _image_spec(preset: str, arch: str, classes: tuple[str, ...]) -> ImageSpec:
     spec = SPECS[preset]
     mean, std = image_models.NORMALISATION[arch]
@@ -435,7 +544,7 @@ def specs(preset: str):
     the preset's population size. None on ``paper`` (building checks its weights and CIFAR-10) and when
     Fashion-MNIST is not installed (building falls back to another source then)."""
     from bench.data import FASHION_MNIST_CLASSES
-    from bench.specs import DeclaredTask, fashion_mnist_installed
+    from bench.specs import DeclaredTask, LazyConfig, fashion_mnist_installed
     from bench.types import TaskSpec
 
     spec = preset_entry(SPECS, preset)
@@ -454,6 +563,7 @@ def specs(preset: str):
                 population_size=N_POPULATION[preset],
             ),
             fl_config(preset, arch),
+            config=LazyConfig(functools.partial(_declared_config, preset, arch)),
         )
         for arch in VARIANTS
     ]
@@ -487,11 +597,7 @@ def build(preset: str) -> list[Task]:
         fl = fl_config(preset, arch)
         mean, std = image_models.NORMALISATION[arch]
         d = _datasets(src, idx, spec, fl, mean, std)
-        base = None
-        if spec.n_pretrain and spec.pretrain is not None:
-            base = BaseSpec(
-                src.name, tuple(int(i) for i in idx["pretrain"]), tuple(mean), tuple(std), spec.pretrain[arch]
-            )
+        base = _base_spec(src, idx, spec, arch)
         image, vit = _image_spec(preset, arch, tuple(src.classes)), _vit_spec(preset, arch)
         api = TaskAPI(
             name=f"image-cls/{arch}",
@@ -506,48 +612,18 @@ def build(preset: str) -> list[Task]:
             collate=collate,
             build_model=functools.partial(build_model, arch, preset, spec.img_size, num_classes, base),
         )
-        model_cfg: dict[str, Any] = {"arch": arch, "seed": MODEL_SEED, "builder": f"models.image.{arch}"}
-        if spec.pretrained:
-            hub_id, rev = image_models.PAPER_WEIGHTS[arch]
-            model_cfg.update({"pretrained": True, "hub_id": hub_id, "revision": rev, "commit": weights[arch]["commit"]})
-        else:
-            model_cfg.update(
-                {
-                    "pretrained": base is not None,
-                    "stem_maxpool": False if arch == "resnet34" else None,
-                    "patch_size": vit.patch_size if vit is not None else None,
-                }
-            )
-            if base is not None:  # the cache key's identity; the weights live in $BENCH_CACHE/image/<key>
-                model_cfg["pretrain"] = {
-                    **base.key_spec(arch, preset, spec.img_size, num_classes),
-                    "images": "the last n_images of the data permutation (disjoint from members, non-members and test)",
-                    **asdict(base.cfg),
-                }
-        config = {
-            "data": {
-                "source": src.name,
-                "origin": src.origin,
-                "seed": DATA_SEED,
-                "img_size": spec.img_size,
-                "n_train": len(idx["train"]),
-                "n_test": len(idx["test"]),
-                "n_nonmembers": len(idx["nonmembers"]),
-                "n_pretrain": len(idx["pretrain"]),
-                "nonmembers_from": idx["nonmembers_from"],
-                "client_sizes": [n_items(c) for c in d.clients],
-                "mean": list(mean),
-                "std": list(std),
-            },
-            "model": model_cfg,
-            "recon_targets": {
-                "items": d.target_kinds,
-                "labels": [int(y) for _, y in d.targets],
-                "photo_label_rule": "photo i -> class i % num_classes",
-            },
-            "max_membership": spec.max_membership,
-            "dp_delta": spec.dp_delta,
-        }
+        model_cfg = _model_config(arch, preset, spec, num_classes, vit, base, weights.get(arch))
+        config = _task_config(
+            src,
+            idx,
+            spec,
+            client_sizes=[n_items(c) for c in d.clients],
+            mean=mean,
+            std=std,
+            model_cfg=model_cfg,
+            target_kinds=d.target_kinds,
+            target_labels=[int(y) for _, y in d.targets],
+        )
         tasks.append(
             Task(
                 scenario="image-cls",
