@@ -231,12 +231,13 @@ def cmd_run(a) -> int:
 
     # every cell recorded already: plan over the declarations (bench.specs), no task built, no model library
     # imported; otherwise build them (may raise AssetMissing: still nothing written)
-    tasks = recorded_tasks(names, preset, precision, defenses, attacks, seeds, out)
+    tasks = recorded_tasks(names, preset, precision, defenses, attacks, seeds, out, readonly=a.dry_run)
     if tasks is None:
         tasks = build_tasks(names, preset, precision)
 
-    if a.dry_run:  # the plan only: nothing is written, no worker started
-        pl = make_plan(plan(tasks, defenses, attacks, seeds), Store(out), CostModel.from_records(out), jobs=jobs)
+    if a.dry_run:  # the plan only: nothing is written (a damaged record is reported, not moved), no worker started
+        store, costs = Store(out, readonly=True), CostModel.from_records(out, readonly=True)
+        pl = make_plan(plan(tasks, defenses, attacks, seeds), store, costs, jobs=jobs)
         print(pl.render())
         return 0
     executor = make_executor(a, jobs, cfg)
@@ -249,24 +250,32 @@ def cmd_run(a) -> int:
         f"({summary.wall_s:.0f} s); records in {out / 'records'}"
     )
     if not a.no_leaderboard:
-        from .report.leaderboards import write_leaderboards
+        from .lbcache import print_notices, regenerate, up_to_date
 
-        for path in write_leaderboards(out):
-            print(f"wrote {path}")
+        notices = up_to_date(out)  # nothing they read changed: not rewritten (`bench leaderboard` always does)
+        if notices is not None:
+            print_notices(notices)
+            print(f"leaderboards up to date: {out / 'leaderboards'}")
+        else:
+            for path in regenerate(out):
+                print(f"wrote {path}")
     warn_positive_controls(out)
     return 0
 
 
-def recorded_tasks(names: list[str], preset: str, precision: str, defenses, attacks, seeds, out: Path) -> list | None:
+def recorded_tasks(
+    names: list[str], preset: str, precision: str, defenses, attacks, seeds, out: Path, *, readonly: bool = False
+) -> list | None:
     """The scenarios' declared tasks (bench.specs) when every cell they plan is finished (ok or n/a) in ``out``,
     so a fully cached re-run builds none; None when a cell is to run, a scenario declares no configuration at
-    this preset, or declaring fails (building then runs, or reports the problem)."""
+    this preset, or declaring fails (building then runs, or reports the problem). ``readonly``: damaged records
+    are skipped, not quarantined (a dry run)."""
     from .runner import plan
     from .specs import configured, declared
 
     if not (Path(out) / "records").is_dir():
         return None
-    store = Store(out)
+    store = Store(out, readonly=readonly)
     tasks: list = []
     try:
         for n in names:  # scenario by scenario: the first unfinished cell ends the check
@@ -331,12 +340,12 @@ def cmd_list(a) -> int:
 
 
 def cmd_leaderboard(a) -> int:
-    from .report.leaderboards import write_leaderboards
+    from .lbcache import regenerate
 
     out = writable_dir(a.out)  # the leaderboards are written under it
     if not (out / "records").is_dir():
         raise UsageError(f"no records under {out / 'records'}; run `python -m bench run --out {out}` first")
-    for path in write_leaderboards(out):
+    for path in regenerate(out):  # always rewritten, whatever the manifest says
         print(f"wrote {path}")
     return 0
 

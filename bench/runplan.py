@@ -43,14 +43,14 @@ class CostModel:
     n_records: int = 0
 
     @classmethod
-    def from_records(cls, out: Path) -> CostModel:
+    def from_records(cls, out: Path, *, readonly: bool = False) -> CostModel:
         from .store import Store
 
         train, cell = defaultdict(list), defaultdict(list)
         n = 0
         if (Path(out) / "records").is_dir():
             try:
-                for r in Store(out).records():
+                for r in Store(out, readonly=readonly).records():
                     cost = r.get("cost") or {}
                     if r.get("status") != "ok":
                         continue

@@ -111,10 +111,12 @@ def stable_hash(obj: Any, n: int = 16) -> str:
 
 
 class Store:
-    """``<out>/records/<scenario>/<cell_id>.json`` plus ``<out>/artifacts/<cell_id>/``."""
+    """``<out>/records/<scenario>/<cell_id>.json`` plus ``<out>/artifacts/<cell_id>/``. ``readonly`` (e.g. a dry
+    run): an invalid record is skipped and reported, never moved, and writing raises."""
 
-    def __init__(self, out: str | Path):
+    def __init__(self, out: str | Path, *, readonly: bool = False):
         self.out = Path(out)
+        self.readonly = readonly
 
     def record_path(self, scenario: str, cell_id: str) -> Path:
         return self.out / "records" / scenario / f"{cell_id}.json"
@@ -129,7 +131,7 @@ class Store:
 
     def load(self, path: Path) -> dict | None:
         """The record at ``path`` when it is a valid schema-1 record of that file name, else None (the file
-        is then quarantined and reported)."""
+        is then quarantined and reported; skipped and reported in a read-only store)."""
         why: str | None
         try:
             rec = json.loads(path.read_bytes())
@@ -145,7 +147,10 @@ class Store:
                 why = f"record of {rec['scenario']}/{rec['cell_id']} stored as {path.parent.name}/{path.name}"
             if why is None:
                 return rec
-        quarantine([path], self.quarantine_dir(path.parent.name), f"invalid record: {why}")
+        if self.readonly:
+            print(f"skipped invalid record {path} (left in place): {why}", file=sys.stderr)  # noqa: T201
+        else:
+            quarantine([path], self.quarantine_dir(path.parent.name), f"invalid record: {why}")
         return None
 
     def finished(self, scenario: str, cell_id: str, *, expect: dict[str, Any] | None = None) -> bool:
@@ -159,6 +164,8 @@ class Store:
     def write(self, record: dict) -> Path:
         """Write ``record`` atomically after checking it against the schema (raises RecordInvalid, writing
         nothing); artifact paths are stored relative to the output directory."""
+        if self.readonly:
+            raise PermissionError(f"read-only store {self.out}: not writing a record")
         record = {"schema_version": SCHEMA_VERSION, **record}
         if record.get("artifacts"):
             record["artifacts"] = {k: self.relative(v) for k, v in record["artifacts"].items()}
@@ -195,7 +202,7 @@ class Store:
         return self.out / rel
 
     def records(self) -> Iterator[dict]:
-        """Every valid record; invalid files are quarantined and reported, not raised."""
+        """Every valid record; invalid files are quarantined (read-only: skipped) and reported, not raised."""
         root = self.out / "records"
         for p in sorted(root.glob("*/*.json")):
             rec = self.load(p)

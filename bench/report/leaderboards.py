@@ -32,8 +32,9 @@ from .results import Results
 from .tables import cells_table, matrix_table, scenario_table, to_csv_bytes
 
 
-def write_leaderboards(out: Path, dest: Path | None = None) -> list[Path]:
-    """Write every scenario's leaderboard files under ``dest`` (default ``<out>/leaderboards``)."""
+def write_leaderboards(out: Path, dest: Path | None = None, *, notices: list[str] | None = None) -> list[Path]:
+    """Write every scenario's leaderboard files under ``dest`` (default ``<out>/leaderboards``); the notices
+    printed on stderr are also appended to ``notices`` when given (bench/lbcache.py repeats them)."""
     out = Path(out)
     dest = Path(dest) if dest else out / "leaderboards"
     res = Results.load(out)
@@ -43,6 +44,8 @@ def write_leaderboards(out: Path, dest: Path | None = None) -> list[Path]:
             f"(an earlier preset or data); they stay in {out / 'records'}"
         )
         print(notice, file=sys.stderr)  # noqa: T201 -- a notice to the user, on stderr
+        if notices is not None:
+            notices.append(notice)
     written: list[Path] = []
     if not res.records:
         return written
