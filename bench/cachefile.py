@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
@@ -120,16 +121,20 @@ def _quarantine_entry(stem: Path, files: list[Path], quarantine_dir: Path, why: 
     quarantine(files, quarantine_dir, f"damaged cache entry, rebuilt: {why}")
 
 
-def verify(stem: Path, *, quarantine_dir: Path) -> bool:
+def verify(stem: Path, *, quarantine_dir: Path | None) -> bool:
     """True when the entry ``stem`` exists and passes the size / checksum / safetensors checks; a damaged
-    one is quarantined (False). For planners: the entry's loader then finds it absent and rebuilds it."""
+    one is quarantined (False). For planners: the entry's loader then finds it absent and rebuilds it.
+    ``quarantine_dir`` None (a dry run): a damaged entry is reported and left in place."""
     if not _head(stem).exists():
         return False
     try:
         _read(stem)
         return True
     except CacheDamaged as e:
-        _quarantine_entry(stem, [_head(stem)], quarantine_dir, str(e))
+        if quarantine_dir is None:
+            print(f"damaged cache entry {_head(stem)} (left in place): {e}", file=sys.stderr)  # noqa: T201
+        else:
+            _quarantine_entry(stem, [_head(stem)], quarantine_dir, str(e))
         return False
 
 

@@ -180,10 +180,14 @@ def reference_spec(task: Task, defense: Defense, seed: int, r: int) -> RefSpec:
     return RefSpec(stable_hash(desc), items, labels, n_train)
 
 
-def reference_cached(task: Task, defense: Defense, seed: int, r: int, cache_root: Path) -> bool:
-    """True when reference run ``r``'s cache entry exists and is intact (a damaged one is quarantined now)."""
+def reference_cached(
+    task: Task, defense: Defense, seed: int, r: int, cache_root: Path, *, readonly: bool = False
+) -> bool:
+    """True when reference run ``r``'s cache entry exists and is intact (a damaged one is quarantined now;
+    ``readonly``: reported, left in place)."""
     root, qdir = _cache_dirs(Path(cache_root))
-    return cachefile.verify(root / reference_spec(task, defense, seed, r).key, quarantine_dir=qdir)
+    key = reference_spec(task, defense, seed, r).key
+    return cachefile.verify(root / key, quarantine_dir=None if readonly else qdir)
 
 
 def _train(task: Task, defense: Defense, seed: int, r: int, spec: RefSpec, stem: Path | None) -> TrainResult:

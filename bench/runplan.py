@@ -149,12 +149,13 @@ def fmt_duration(s: float) -> str:
     return f"{h} h {m:02d} min" if h else f"{m} min {sec:02d} s" if m else f"{sec} s"
 
 
-def training_cached(task, defense, seed: int, out: Path) -> bool:
+def training_cached(task, defense, seed: int, out: Path, *, readonly: bool = False) -> bool:
     from .training import cached, train_key
 
-    # cached() checks the entry's checksum and quarantines a damaged one (its training is then scheduled)
+    # cached() checks the entry's checksum and quarantines a damaged one (its training is then scheduled);
+    # ``readonly`` (a dry run): reported and left in place
     legacy = Path(out) / "cache" / "train" / f"{train_key(task, defense, seed)}.pt"
-    return cached(task, defense, seed, Path(out) / "cache") or legacy.exists()
+    return cached(task, defense, seed, Path(out) / "cache", readonly=readonly) or legacy.exists()
 
 
 def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
@@ -173,10 +174,11 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
         if c.defense is None:
             continue
         pl.trainings += 1
-        if not training_cached(c.task, c.defense, c.seed, store.out):
+        readonly = getattr(store, "readonly", False)
+        if not training_cached(c.task, c.defense, c.seed, store.out, readonly=readonly):
             pl.needs_training.add(key)
             pl.est_total_s += model.train_cost(c.task, c.defense)
-        todo = references_to_train(group, store.out)
+        todo = references_to_train(group, store.out, readonly=readonly)
         pl.references += todo[0]
         if todo[1]:
             pl.needs_reference[key] = todo[1]
@@ -184,7 +186,7 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
     return pl
 
 
-def references_to_train(group: list, out: Path) -> tuple[int, list[int]]:
+def references_to_train(group: list, out: Path, *, readonly: bool = False) -> tuple[int, list[int]]:
     """(R, the reference runs not cached) a group's reference-model cells ([RMIA]) need. A group whose
     references cannot be planned (e.g. too small a population) schedules none: its cells fail with the reason."""
     from .reference import reference_cached, reference_count
@@ -194,7 +196,8 @@ def references_to_train(group: list, out: Path) -> tuple[int, list[int]]:
     if not n or c.task.population is None:
         return 0, []
     try:
-        return n, [r for r in range(n) if not reference_cached(c.task, c.defense, c.seed, r, Path(out) / "cache")]
+        cache = Path(out) / "cache"
+        return n, [r for r in range(n) if not reference_cached(c.task, c.defense, c.seed, r, cache, readonly=readonly)]
     except ValueError:
         return 0, []
 

@@ -112,10 +112,11 @@ def _quarantine_dir(cache_root: Path) -> Path:
     return cache_root.parent / "quarantine" / cache_root.name / "train"
 
 
-def cached(task: Task, defense: Defense, seed: int, cache_root: Path) -> bool:
+def cached(task: Task, defense: Defense, seed: int, cache_root: Path, *, readonly: bool = False) -> bool:
     """True when this training run's cache entry exists and is intact (checksum); a damaged one is
-    quarantined now, so a planner schedules the retraining."""
-    return cachefile.verify(cache_stem(task, defense, seed, cache_root), quarantine_dir=_quarantine_dir(cache_root))
+    quarantined now (``readonly``: reported, left in place), so a planner schedules the retraining."""
+    qdir = None if readonly else _quarantine_dir(cache_root)
+    return cachefile.verify(cache_stem(task, defense, seed, cache_root), quarantine_dir=qdir)
 
 
 def get_training(task: Task, defense: Defense, seed: int, cache_root: Path) -> TrainResult:

@@ -458,8 +458,11 @@ def test_the_deserialiser_scan_finds_what_it_looks_for(tmp_path):
 # ----------------------------------------------------------------------------------------------
 # misbehaving contributed defenses through `python -m bench run` (the `check` side: tests/test_check_isolation.py)
 
+# the run's --cell-timeout: the hanging defense costs it once; a well-behaved unit needs ~1 s, the first one also
+# starts the worker (imports torch: several seconds on a loaded machine)
+HANG_TIMEOUT_S = 15
 MISBEHAVING_RUN = {  # file stem -> (client_step body line, epsilon it reports, what its failed cells must say)
-    "hangs": ("time.sleep(10**6)", "None", "timed out after 60 s"),
+    "hangs": ("time.sleep(10**6)", "None", f"timed out after {HANG_TIMEOUT_S} s"),
     "exits": ("sys.exit(0)", "None", "SystemExit"),
     "hungry": (
         "self.hog = torch.empty(int(0.9 * os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')), dtype=torch.int8)",
@@ -508,7 +511,8 @@ def test_misbehaving_contributed_defenses_fail_their_cells_with_the_reason_and_t
     out = tmp_path / "out"
     env = {**os.environ, "BENCH_QUIET": "1", "BENCH_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "bench", "run", "--preset", "smoke", "--scenario", "image-cls", "--attack", "april"]
-    cmd += ["--defense", ",".join([*specs, "fedsgd"]), "--cell-timeout", "60", "--jobs", "1", "--out", str(out)]
+    cmd += ["--defense", ",".join([*specs, "fedsgd"]), "--cell-timeout", str(HANG_TIMEOUT_S), "--jobs", "1"]
+    cmd += ["--out", str(out)]
 
     res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
 

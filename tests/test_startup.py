@@ -181,3 +181,166 @@ def test_a_missing_cell_builds_the_tasks(tmp_path):
 
     assert cli.recorded_tasks(*args) is None
     assert cli.recorded_tasks(["image-cls"], "smoke", "fp32", defenses, attacks, [0, 1], tmp_path) is None
+
+
+# ----------------------------------------------------------------------------------------------
+# leaderboards regenerated only when something they read changed (bench/lbcache.py)
+
+
+def _tree(root) -> dict[str, tuple[int, int, bytes]]:
+    """Every file under ``root``: (mtime_ns, inode, content), by relative path."""
+    return {
+        p.relative_to(root).as_posix(): (p.stat().st_mtime_ns, p.stat().st_ino, p.read_bytes())
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_cached_rerun_with_unchanged_records_leaves_the_leaderboards_alone(tmp_path):
+    _record_every_cell(tmp_path, list(_built("image-cls", "smoke")), "fedavg", "loss_mia")
+    _cached_run(tmp_path, "image-cls")  # the first run after the cells were recorded writes the leaderboards
+    before = _tree(tmp_path / "leaderboards")
+
+    got, stdout = _cached_run(tmp_path, "image-cls")
+
+    assert got["rc"] == 0 and before
+    assert _tree(tmp_path / "leaderboards") == before  # nothing rewritten
+    assert f"leaderboards up to date: {tmp_path / 'leaderboards'}" in stdout
+    assert not any(line.startswith("wrote ") for line in stdout)
+    assert sorted(set(got["modules"]) & {"pandas", "matplotlib"}) == []
+
+
+@pytest.fixture
+def boards(tmp_path):
+    from bench import lbcache
+
+    _record_every_cell(tmp_path, list(_built("image-cls", "smoke")), "fedavg", "loss_mia")
+    written = lbcache.regenerate(tmp_path)
+    assert written and lbcache.up_to_date(tmp_path) == []
+    return tmp_path, written
+
+
+def test_a_changed_record_makes_the_leaderboards_stale(boards):
+    from bench import lbcache
+
+    out, _ = boards
+    path = next((out / "records").rglob("*.json"))
+    rec = json.loads(path.read_bytes())
+
+    Store(out).write({**rec, "reason": "recorded again by the test"})
+
+    assert lbcache.up_to_date(out) is None
+
+
+def test_a_deleted_or_edited_output_makes_the_leaderboards_stale(boards):
+    from bench import lbcache
+
+    out, written = boards
+    written[0].unlink()
+    assert lbcache.up_to_date(out) is None
+
+    lbcache.regenerate(out)
+    assert lbcache.up_to_date(out) == []
+    written[-1].write_bytes(written[-1].read_bytes() + b"\n")
+    assert lbcache.up_to_date(out) is None
+
+
+def test_changed_report_code_makes_the_leaderboards_stale(boards, tmp_path_factory, monkeypatch):
+    from bench import lbcache
+
+    out, _ = boards
+    code = tmp_path_factory.mktemp("code")
+    (code / "extra.py").write_text("X = 1\n")
+    monkeypatch.setattr(lbcache, "CODE_GLOBS", (*lbcache.CODE_GLOBS, (code, "*.py")))
+    lbcache.regenerate(out)
+    assert lbcache.up_to_date(out) == []
+
+    (code / "extra.py").write_text("X = 2\n")
+
+    assert lbcache.up_to_date(out) is None
+
+
+@pytest.mark.parametrize("damage", [b"", b"{not json", b'{"format": 1, "inputs": 3}', b"[]"])
+def test_a_damaged_or_missing_manifest_regenerates(boards, damage):
+    from bench import lbcache
+
+    out, _ = boards
+    lbcache.manifest_path(out).write_bytes(damage)
+    assert lbcache.up_to_date(out) is None
+    lbcache.manifest_path(out).unlink()
+    assert lbcache.up_to_date(out) is None
+
+
+def test_the_leaderboard_command_always_rewrites(boards, capsys):
+    from bench import lbcache
+
+    out, written = boards
+    before = _tree(out / "leaderboards")
+
+    rc = cli.main(["leaderboard", "--out", str(out)])
+
+    assert rc == 0 and f"wrote {written[0]}" in capsys.readouterr().out
+    after = _tree(out / "leaderboards")
+    assert after.keys() == before.keys()
+    assert all(after[k][2] == before[k][2] for k in after)  # the same bytes ...
+    assert any(after[k][:2] != before[k][:2] for k in after)  # ... written again
+    assert lbcache.up_to_date(out) == []
+
+
+def test_a_failed_regeneration_leaves_no_manifest(boards, monkeypatch):
+    from bench import lbcache
+    from bench.report import leaderboards
+
+    out, _ = boards
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("drawing failed")
+
+    monkeypatch.setattr(leaderboards, "write_leaderboards", broken)
+    with pytest.raises(RuntimeError):
+        lbcache.regenerate(out)
+
+    assert not lbcache.manifest_path(out).exists() and lbcache.up_to_date(out) is None
+
+
+# ----------------------------------------------------------------------------------------------
+# a dry run writes nothing
+
+
+def _listing(root) -> dict[str, str]:
+    """Every path under ``root`` (folders too) with the hash of its content."""
+    import hashlib
+
+    return {
+        p.relative_to(root).as_posix(): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def test_a_dry_run_over_a_damaged_record_leaves_the_folder_byte_identical(tmp_path, monkeypatch, capsys):
+    from bench.training import cache_stem
+
+    tasks = list(_built("image-cls", "smoke"))
+    _record_every_cell(tmp_path, tasks, "fedavg", "loss_mia")
+    cells = plan(tasks, expand(DEFENSES, "fedavg"), expand(ATTACKS, "loss_mia"), [0])
+    cell = next(c for c in cells if c.na is None and c.defense is not None)  # a cell with a training run
+    damaged = Store(tmp_path).record_path(cell.task.scenario, cell.id)
+    damaged.write_bytes(b'{"schema_version": 1, "cell_id": ')  # a torn write
+    stem = cache_stem(cell.task, cell.defense, cell.seed, tmp_path / "cache")
+    head = stem.parent / f"{stem.name}.json"  # the cache entry of its training run, damaged too
+    head.parent.mkdir(parents=True)
+    head.write_text('{"tensors": "nothing"}')
+    before = _listing(tmp_path)
+    monkeypatch.setattr(cli, "build_tasks", lambda names, preset, precision="fp32": tasks)
+
+    rc = cli.main(
+        ["run", "--preset", "smoke", "--scenario", "image-cls", "--defense", "fedavg", "--attack", "loss_mia"]
+        + ["--dry-run", "--out", str(tmp_path)]
+    )
+
+    captured = capsys.readouterr()
+    assert rc == 0 and "1 to run" in captured.out
+    assert f"skipped invalid record {damaged}" in captured.err
+    assert f"damaged cache entry {head} (left in place)" in captured.err
+    assert _listing(tmp_path) == before
+    assert not (tmp_path / "quarantine").exists()

@@ -181,6 +181,24 @@ def test_records_skips_and_reports_invalid_files_instead_of_raising(tmp_path, ca
     assert sorted(p.name for p in (tmp_path / "quarantine" / "toy").glob("*.json")) == ["bad0.json", "bad1.json"]
 
 
+@pytest.mark.parametrize("name", list(DAMAGE))
+def test_a_readonly_store_skips_and_reports_invalid_records_and_moves_nothing(tmp_path, capsys, name):
+    Store(tmp_path).write(record(cell_id="1111111111111111"))
+    store = Store(tmp_path, readonly=True)
+    path = store.record_path("toy", "0123456789abcdef")
+    path.write_bytes(DAMAGE[name])
+
+    finished = store.finished("toy", "0123456789abcdef")
+    recs = list(store.records())
+
+    assert not finished and path.read_bytes() == DAMAGE[name]  # left where it was, as it was
+    assert [r["cell_id"] for r in recs] == ["1111111111111111"]
+    assert not (tmp_path / "quarantine").exists()
+    assert f"skipped invalid record {path}" in capsys.readouterr().err
+    with pytest.raises(PermissionError, match="read-only"):
+        store.write(record())
+
+
 def test_a_second_quarantine_of_the_same_file_name_keeps_both(tmp_path):
     store = Store(tmp_path)
     path = store.record_path("toy", "0123456789abcdef")
