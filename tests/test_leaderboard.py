@@ -531,3 +531,19 @@ def test_records_of_a_superseded_task_configuration_are_not_pooled_with_the_curr
     assert res.superseded == {("sc/a", "smoke"): 1}
     assert len(res.select(task="sc/b")) == 1
     assert res.metric(kept, "auroc").value == pytest.approx(new["metrics"]["auroc"]["value"], abs=1e-9)
+
+
+def test_seeds_counted_are_the_seeds_with_results(tmp_path):
+    """An n/a record of another seed (a cell that does not apply) adds no seed to the row."""
+    res = write(
+        tmp_path,
+        [
+            rec(defense="fedavg", seed=0),
+            rec(defense="fedavg", seed=1, attack="april", status="n/a", reason="needs a ViT"),
+            rec(defense="fedavg", seed=2, attack="april", status="n/a", reason="needs a ViT"),
+        ],
+    )
+
+    row = scenario_table(res, "sc")[0].set_index("defense").loc["fedavg"]
+
+    assert row["n_seeds"] == 1 and row["seeds"] == "0"

@@ -62,10 +62,11 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
             "defense": rk[2],
             "defense_name": g0["defense"],
             "defense_params": json.dumps(g0.get("defense_params") or {}, sort_keys=True, default=str),
-            "seeds": ";".join(map(str, sorted({r["seed"] for r in group}))),
-            "n_seeds": len({r["seed"] for r in group}),
         }
         src = ok or group
+        # seeds with results: an n/a or failed record of another seed adds none
+        row["seeds"] = ";".join(map(str, sorted({r["seed"] for r in src})))
+        row["n_seeds"] = len({r["seed"] for r in src})
         for k in util_keys:
             e = res.utility(src, k)
             if e is not None:
