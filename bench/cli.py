@@ -295,8 +295,9 @@ def recorded_tasks(
 def warn_positive_controls(out: Path) -> None:
     """Warn (stderr) when a task's undefended baseline fails its positive control (bench/controls.py)."""
     from .controls import failures
+    from .store import current_config
 
-    for line in failures(Store(out).records()):
+    for line in failures(current_config(list(Store(out).records()))[0]):
         print(
             f"warning: positive control failed: {line}; 'this defense stops the attack' is inconclusive there",
             file=sys.stderr,

@@ -256,3 +256,26 @@ def provenance() -> dict:
         except metadata.PackageNotFoundError:
             pkgs[name] = None
     return {"code_version": sha or "unknown", "dirty": dirty, "python": platform.python_version(), "packages": pkgs}
+
+
+def current_config(records: list[dict]) -> tuple[list[dict], dict[tuple[str, str], int]]:
+    """Keep, per (task, preset), only the records of its latest task configuration (``provenance.config_hash``
+    of the most recently started record): after a preset or data change the old records stay on disk, and
+    pooling them with the new ones as if they were seeds would mix two experiments. Returns (kept records,
+    {(task, preset): number of superseded records dropped})."""
+    latest: dict[tuple[str, str], tuple[str, str]] = {}
+    for r in records:
+        prov = r.get("provenance") or {}
+        k = (r.get("task", ""), r.get("preset", ""))
+        cand = (str(prov.get("started_at") or ""), str(prov.get("config_hash") or ""))
+        if k not in latest or cand > latest[k]:
+            latest[k] = cand
+    kept: list[dict] = []
+    dropped: dict[tuple[str, str], int] = {}
+    for r in records:
+        k = (r.get("task", ""), r.get("preset", ""))
+        if str((r.get("provenance") or {}).get("config_hash") or "") == latest[k][1]:
+            kept.append(r)
+        else:
+            dropped[k] = dropped.get(k, 0) + 1
+    return kept, dropped

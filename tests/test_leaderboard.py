@@ -547,3 +547,27 @@ def test_seeds_counted_are_the_seeds_with_results(tmp_path):
     row = scenario_table(res, "sc")[0].set_index("defense").loc["fedavg"]
 
     assert row["n_seeds"] == 1 and row["seeds"] == "0"
+
+
+def test_the_runs_control_warning_reads_only_the_latest_configuration(tmp_path, capsys):
+    """`bench run`'s positive-control warning selects records like the leaderboards (superseded ones dropped)."""
+    from bench.cli import warn_positive_controls
+
+    old = rec(strength=0.0, seed=0)  # an old configuration at chance: its control would fail
+    old["cell_id"] += "-old"
+    old["provenance"] = {"code_version": "test", "config_hash": "aaaa", "started_at": "2026-01-01T00:00:00Z"}
+    base_old = rec(defense="base", strength=0.0, seed=0)
+    base_old["cell_id"] += "-old"
+    base_old["provenance"] = dict(old["provenance"])
+    new = rec(strength=4.0, seed=0, n=300)
+    new["provenance"] = {"code_version": "test", "config_hash": "bbbb", "started_at": "2026-01-02T00:00:00Z"}
+    base_new = rec(defense="base", strength=0.0, seed=0, n=300)
+    base_new["provenance"] = dict(new["provenance"])
+    write(tmp_path, [old, base_old])
+    warn_positive_controls(tmp_path)
+    assert "positive control failed" in capsys.readouterr().err  # the old configuration alone fails
+
+    write(tmp_path, [new, base_new])
+    warn_positive_controls(tmp_path)
+
+    assert "positive control failed" not in capsys.readouterr().err

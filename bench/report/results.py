@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..controls import Control, positive_controls
-from ..store import Store
+from ..store import Store, current_config
 from .stats import Estimate, clipped, membership_estimate, sample_estimate, seed_estimate, unresolvable
 
 # the first of each kind is the primary column; the others are the secondary table (TPR at 1% and 0.1% FPR:
@@ -70,29 +70,6 @@ def row_key(rec: dict) -> tuple:
 def _defense_order(label: str) -> tuple:
     name = label.split("(", 1)[0]
     return (0 if name == "base" else 1 if name in BASELINES else 2, label)
-
-
-def current_config(records: list[dict]) -> tuple[list[dict], dict[tuple[str, str], int]]:
-    """Keep, per (task, preset), only the records of its latest task configuration (``provenance.config_hash``
-    of the most recently started record): after a preset or data change the old records stay on disk, and
-    pooling them with the new ones as if they were seeds would mix two experiments. Returns (kept records,
-    {(task, preset): number of superseded records dropped})."""
-    latest: dict[tuple[str, str], tuple[str, str]] = {}
-    for r in records:
-        prov = r.get("provenance") or {}
-        k = (r.get("task", ""), r.get("preset", ""))
-        cand = (str(prov.get("started_at") or ""), str(prov.get("config_hash") or ""))
-        if k not in latest or cand > latest[k]:
-            latest[k] = cand
-    kept: list[dict] = []
-    dropped: dict[tuple[str, str], int] = {}
-    for r in records:
-        k = (r.get("task", ""), r.get("preset", ""))
-        if str((r.get("provenance") or {}).get("config_hash") or "") == latest[k][1]:
-            kept.append(r)
-        else:
-            dropped[k] = dropped.get(k, 0) + 1
-    return kept, dropped
 
 
 def oracle_asr_named(rec: dict) -> dict:
