@@ -250,7 +250,7 @@ def cmd_run(a) -> int:
         f"({summary.wall_s:.0f} s); records in {out / 'records'}"
     )
     if not a.no_leaderboard:
-        from .lbcache import print_notices, regenerate, up_to_date
+        from .report.lbcache import print_notices, regenerate, up_to_date
 
         notices = up_to_date(out)  # nothing they read changed: not rewritten (`bench leaderboard` always does)
         if notices is not None:
@@ -341,7 +341,7 @@ def cmd_list(a) -> int:
 
 
 def cmd_leaderboard(a) -> int:
-    from .lbcache import regenerate
+    from .report.lbcache import regenerate
 
     out = writable_dir(a.out)  # the leaderboards are written under it
     if not (out / "records").is_dir():

@@ -12,6 +12,7 @@ import torch
 
 from bench import data as image_data
 from bench.assets import AssetMissing
+from bench.cells import aux_reserve
 from bench.registry import SCENARIOS
 from bench.scenarios import image_cls
 from models import image as image_models
@@ -315,7 +316,9 @@ def test_default_tasks_pretrain_on_the_disjoint_tail():
         base = t.api.build_model.args[-1]
         assert isinstance(base, image_cls.BaseSpec) and base.indices == tuple(idx["pretrain"].tolist())
         assert t.config["model"]["pretrained"] is True and t.config["data"]["n_pretrain"] == spec.n_pretrain
-        assert len(t.nonmembers) >= 2 * 250 and sum(len(c) for c in t.client_data) >= 2 * 250
+        # 250 evaluation candidates per side plus the attacker's reserve (bench.cells.aux_reserve)
+        n_min = 250 + aux_reserve(250)
+        assert len(t.nonmembers) >= n_min and sum(len(c) for c in t.client_data) >= n_min
     # the pre-training images are none of the members', non-members' or test images (compared as pixels)
     pre = {src.train_x[i].tobytes() for i in idx["pretrain"]}
     others = [src.train_x[i].tobytes() for k in ("train", "nonmembers") for i in idx[k]]

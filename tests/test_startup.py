@@ -184,7 +184,7 @@ def test_a_missing_cell_builds_the_tasks(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# leaderboards regenerated only when something they read changed (bench/lbcache.py)
+# leaderboards regenerated only when something they read changed (bench/report/lbcache.py)
 
 
 def _tree(root) -> dict[str, tuple[int, int, bytes]]:
@@ -212,7 +212,7 @@ def test_a_cached_rerun_with_unchanged_records_leaves_the_leaderboards_alone(tmp
 
 @pytest.fixture
 def boards(tmp_path):
-    from bench import lbcache
+    from bench.report import lbcache
 
     _record_every_cell(tmp_path, list(_built("image-cls", "smoke")), "fedavg", "loss_mia")
     written = lbcache.regenerate(tmp_path)
@@ -221,7 +221,7 @@ def boards(tmp_path):
 
 
 def test_a_changed_record_makes_the_leaderboards_stale(boards):
-    from bench import lbcache
+    from bench.report import lbcache
 
     out, _ = boards
     path = next((out / "records").rglob("*.json"))
@@ -233,7 +233,7 @@ def test_a_changed_record_makes_the_leaderboards_stale(boards):
 
 
 def test_a_deleted_or_edited_output_makes_the_leaderboards_stale(boards):
-    from bench import lbcache
+    from bench.report import lbcache
 
     out, written = boards
     written[0].unlink()
@@ -246,7 +246,7 @@ def test_a_deleted_or_edited_output_makes_the_leaderboards_stale(boards):
 
 
 def test_changed_report_code_makes_the_leaderboards_stale(boards, tmp_path_factory, monkeypatch):
-    from bench import lbcache
+    from bench.report import lbcache
 
     out, _ = boards
     code = tmp_path_factory.mktemp("code")
@@ -262,7 +262,7 @@ def test_changed_report_code_makes_the_leaderboards_stale(boards, tmp_path_facto
 
 @pytest.mark.parametrize("damage", [b"", b"{not json", b'{"format": 1, "inputs": 3}', b"[]"])
 def test_a_damaged_or_missing_manifest_regenerates(boards, damage):
-    from bench import lbcache
+    from bench.report import lbcache
 
     out, _ = boards
     lbcache.manifest_path(out).write_bytes(damage)
@@ -272,7 +272,7 @@ def test_a_damaged_or_missing_manifest_regenerates(boards, damage):
 
 
 def test_the_leaderboard_command_always_rewrites(boards, capsys):
-    from bench import lbcache
+    from bench.report import lbcache
 
     out, written = boards
     before = _tree(out / "leaderboards")
@@ -288,8 +288,7 @@ def test_the_leaderboard_command_always_rewrites(boards, capsys):
 
 
 def test_a_failed_regeneration_leaves_no_manifest(boards, monkeypatch):
-    from bench import lbcache
-    from bench.report import leaderboards
+    from bench.report import lbcache, leaderboards
 
     out, _ = boards
 

@@ -34,7 +34,7 @@ from .tables import cells_table, matrix_table, scenario_table, to_csv_bytes
 
 def write_leaderboards(out: Path, dest: Path | None = None, *, notices: list[str] | None = None) -> list[Path]:
     """Write every scenario's leaderboard files under ``dest`` (default ``<out>/leaderboards``); the notices
-    printed on stderr are also appended to ``notices`` when given (bench/lbcache.py repeats them)."""
+    printed on stderr are also appended to ``notices`` when given (bench/report/lbcache.py repeats them)."""
     out = Path(out)
     dest = Path(dest) if dest else out / "leaderboards"
     res = Results.load(out)

@@ -18,10 +18,10 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from .store import atomic_write_bytes
+from ..store import atomic_write_bytes
 
 FORMAT = 1
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent  # bench/
 # what the report package runs: its own modules, the harness modules it imports, the reported numbers it compares
 CODE_GLOBS = (
     (ROOT / "report", "*.py"),
@@ -109,7 +109,7 @@ def up_to_date(out: Path, dest: Path | None = None) -> list[str] | None:
 
 def regenerate(out: Path, dest: Path | None = None) -> list[Path]:
     """Rewrite the leaderboards (``write_leaderboards``) and record the manifest of what they were built from."""
-    from .report.leaderboards import write_leaderboards
+    from .leaderboards import write_leaderboards
 
     out = Path(out)
     dest = Path(dest) if dest else out / "leaderboards"
