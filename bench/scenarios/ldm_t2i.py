@@ -206,9 +206,9 @@ def make_items(cfg: ldm.LDMConfig, images: np.ndarray, labels: np.ndarray, *, se
     ]
 
 
-def private_splits(p: Spec) -> dict[str, list[dict]]:
-    """D_aux^m, D_te^m, D_aux^nm, D_te^nm and the held-out set: disjoint slices of one permutation of the
-    Fashion-MNIST test images (the private pool), rendered with per-image augmentations."""
+def _private_pool(p: Spec) -> tuple[Any, dict[str, int], np.ndarray]:
+    """The Fashion-MNIST test images (the private pool), the split sizes in order, and the seeded positions of
+    the images they take (one permutation; consecutive slices are the splits)."""
     src = _fashion()
     sizes = {
         "aux_members": p.n_aux_m,
@@ -220,7 +220,13 @@ def private_splits(p: Spec) -> dict[str, list[dict]]:
     need = sum(sizes.values())
     if need > len(src.test_x):
         raise ValueError(f"the private pool has {len(src.test_x)} images, the preset needs {need}")
-    perm = np.random.default_rng(p.data_seed).permutation(len(src.test_x))[:need]
+    return src, sizes, np.random.default_rng(p.data_seed).permutation(len(src.test_x))[:need]
+
+
+def private_splits(p: Spec) -> dict[str, list[dict]]:
+    """D_aux^m, D_te^m, D_aux^nm, D_te^nm and the held-out set: disjoint slices of one permutation of the
+    Fashion-MNIST test images (the private pool), rendered with per-image augmentations."""
+    src, sizes, perm = _private_pool(p)
     items = make_items(p.model, src.test_x[perm], src.test_y[perm], seed=p.data_seed, split=1)
     for it, idx in zip(items, perm):
         it["source_index"] = int(idx)
@@ -421,18 +427,7 @@ def _declared_config(preset: str) -> dict[str, Any]:
     """``Task.config`` on smoke / default from the labels and the split alone (nothing rendered or encoded, no
     model): what :func:`build_task` records, for planning a cached run (bench.specs)."""
     p = preset_entry(SPECS, preset)
-    src = _fashion()
-    sizes = {
-        "aux_members": p.n_aux_m,
-        "te_members": p.n_te_m,
-        "aux_nonmembers": p.n_aux_nm,
-        "te_nonmembers": p.n_te_nm,
-        "heldout": p.n_heldout,
-    }
-    need = sum(sizes.values())
-    if need > len(src.test_x):
-        raise ValueError(f"the private pool has {len(src.test_x)} images, the preset needs {need}")
-    perm = np.random.default_rng(p.data_seed).permutation(len(src.test_x))[:need]
+    src, sizes, perm = _private_pool(p)
     labels = [int(y) for y in src.test_y[perm[: p.n_aux_m + p.n_te_m]]]
     parts = split_clients(labels, p.fl.num_clients, p.fl.dirichlet_alpha, seed=p.data_seed)
     return _assemble_config(p, _model_record(p), sizes, [len(c) for c in parts])
