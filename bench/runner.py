@@ -78,11 +78,10 @@ class Cell:
             "task": self.task.id,
             "preset": self.task.preset,
             "defense": self.defense.name if self.defense else "base",
-            "defense_params": params_of(self.defense) if self.defense else {},
             "defense_label": self.defense_label,
             "attack": self.attack.name,
-            "attack_params": params_of(self.attack),
             "attack_label": label(self.attack),
+            **self.expected(),  # the resolved parameters a later run compares against
             "attack_kind": self.attack.kind,
             "view": self.view,
             "seed": self.seed,
