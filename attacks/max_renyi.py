@@ -90,6 +90,10 @@ class MaxRenyi(Attack):
             raise ValueError(f"Rényi orders must be >= 0, got {self.alphas}")
         if any(not 0 <= k <= 100 for k in self.ks):
             raise ValueError(f"K values must be in [0, 100], got {self.ks}")
+        for name in ("alphas", "ks", "mod_alphas"):  # a repeat would name two score variants alike
+            values = getattr(self, name)
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name} must not repeat a value, got {values}")
         if self.primary_k not in self.ks or self.primary_alpha not in self.alphas:
             raise ValueError(
                 f"primary K={self.primary_k}, alpha={self.primary_alpha} must be among "

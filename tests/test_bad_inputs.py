@@ -144,6 +144,8 @@ SPECS_ATTACK = [
     ("max_renyi:batch_size=0", "batch_size=0 is out of range"),
     ("max_renyi:chunk_rows=0", "chunk_rows=0 is out of range"),
     ("max_renyi:alphas=", "alphas must not be empty"),
+    ("max_renyi:alphas=0.5+0.5", "alphas must not repeat a value"),
+    ("max_renyi:ks=10+10", "ks must not repeat a value"),
     ("april:driver=qr", "'qr' is not one of gels, gelsy, gelsd, gelss"),
     ("april:boxed=maybe", "'maybe' is not a boolean"),
     # rmia (reference models, [RMIA] / [LiRA])
