@@ -70,6 +70,16 @@ def make_optimizer(params: list[nn.Parameter], fl: FLConfig) -> torch.optim.Opti
     raise ValueError(f"unknown optimizer {fl.optimizer!r}; valid: sgd, adam, adamw")
 
 
+def round_lr(fl: FLConfig, r: int, rounds: int) -> float:
+    """The learning rate of round ``r`` of ``rounds`` under ``fl.lr_schedule`` (cosine: Loshchilov & Hutter,
+    "SGDR", ICLR 2017, without restarts, stepped once per round as the server announces it)."""
+    if fl.lr_schedule == "constant":
+        return fl.lr
+    if fl.lr_schedule == "cosine":
+        return fl.lr * 0.5 * (1.0 + math.cos(math.pi * r / max(1, rounds)))
+    raise ValueError(f"unknown lr_schedule {fl.lr_schedule!r}; valid: constant, cosine")
+
+
 def loader(data: Dataset, ctx: RoundCtx, *, shuffle: bool = True) -> DataLoader:
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=ctx.generator)))
     return DataLoader(
@@ -186,7 +196,10 @@ def server_step(ctx: RoundCtx, name: str, value: Tensor, grad: Tensor) -> Tensor
     with torch.no_grad():
         p.copy_(value)
     p.grad = grad.detach().to(p.dtype).clone()
-    ctx.run.state["server_opts"][name].step()
+    opt = ctx.run.state["server_opts"][name]
+    for group in opt.param_groups:  # the round's scheduled rate (bench.fl.round_lr)
+        group["lr"] = ctx.fl.lr
+    opt.step()
     return p.detach().clone()
 
 
@@ -259,7 +272,7 @@ def run_federated(
         ctx = RoundCtx(
             round=r,
             rounds=fl.rounds,
-            fl=fl,
+            fl=fl if fl.lr_schedule == "constant" else replace(fl, lr=round_lr(fl, r, fl.rounds)),
             task=task.api,
             generator=gen,
             num_selected=len(sel),

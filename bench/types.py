@@ -68,6 +68,8 @@ class FLConfig:
     mode: str = "fedavg"  # "fedavg" (weights after local epochs) | "fedsgd" (one gradient per round)
     dirichlet_alpha: float | None = None  # None = IID
     max_local_steps: int | None = None  # cap on local steps per round (CPU budget)
+    # "constant", or "cosine": round r of R trains at lr * (1 + cos(pi * r / R)) / 2 (bench.fl.round_lr)
+    lr_schedule: str = "constant"
 
 
 @dataclass

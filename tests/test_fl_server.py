@@ -35,3 +35,43 @@ def test_fedsgd_with_sgd_is_the_plain_step():
     fl = FLConfig(lr=0.5, optimizer="sgd", mode="fedsgd")
     out = _round(fl, DefenseRun(delta=1e-5), {"w": torch.tensor([1.0])}, [torch.tensor([2.0]), torch.tensor([4.0])], 0)
     assert torch.equal(out["w"], torch.tensor([1.0 - 0.5 * 3.0]))
+
+
+def test_cosine_schedule_starts_at_lr_halves_midway_and_decays():
+    from bench.fl import round_lr
+
+    fl = FLConfig(lr=0.2, lr_schedule="cosine")
+    lrs = [round_lr(fl, r, 10) for r in range(10)]
+    assert lrs[0] == 0.2 and abs(lrs[5] - 0.1) < 1e-12
+    assert all(a > b for a, b in zip(lrs, lrs[1:]))
+    assert round_lr(FLConfig(lr=0.2), 7, 10) == 0.2  # constant
+
+
+def test_unknown_schedule_names_the_choices():
+    import pytest
+
+    from bench.fl import round_lr
+
+    with pytest.raises(ValueError, match="constant, cosine"):
+        round_lr(FLConfig(lr_schedule="step"), 0, 3)
+
+
+def test_the_server_optimiser_follows_the_rounds_rate():
+    # arrange: FedSGD with server Adam, the second round at half the rate
+    fl = FLConfig(lr=0.1, optimizer="adam", mode="fedsgd")
+    run = DefenseRun(delta=1e-5)
+    state = {"w": torch.tensor([0.0])}
+    state = _round(fl, run, state, [torch.tensor([1.0]), torch.tensor([1.0])], 0)
+    # act
+    half = FLConfig(lr=0.05, optimizer="adam", mode="fedsgd")
+    after = _round(half, run, state, [torch.tensor([1.0]), torch.tensor([1.0])], 1)
+    # assert: Adam's step with a constant gradient is lr * sign: 0.1 then 0.05
+    assert torch.allclose(after["w"], torch.tensor([-0.15]), atol=1e-6)
+
+
+def test_the_default_schedule_keeps_earlier_config_hashes():
+    from bench.task import config_hash
+
+    # the value before lr_schedule existed (records and caches are keyed by it)
+    assert config_hash("t", "smoke", FLConfig(), {"a": 1}) == "543b17deb92cf736"
+    assert config_hash("t", "smoke", FLConfig(lr_schedule="cosine"), {"a": 1}) != "543b17deb92cf736"
