@@ -213,9 +213,9 @@ class Slot:
             )
         return self._pool
 
-    def poll(self) -> list[tuple[str, float]]:
-        """(unit key, done fraction) reports sent by the worker since the last call."""
-        q, got = self._queue, cast("list[tuple[str, float]]", [])
+    def poll(self) -> list[tuple[str, float | str]]:
+        """(unit key, done fraction or set-up step) reports sent by the worker since the last call."""
+        q, got = self._queue, cast("list[tuple[str, float | str]]", [])
         while q is not None:
             try:
                 got.append(q.get_nowait())
@@ -305,7 +305,7 @@ class LocalExecutor:
     def submit(self, unit) -> cf.Future:
         return self._threads.submit(self._run, unit)
 
-    def poll_progress(self) -> list[tuple[str, float]]:
+    def poll_progress(self) -> list[tuple[str, float | str]]:
         """(unit key, done fraction) of the units running, reported since the last call (bench.progress)."""
         return [r for s in self._all for r in s.poll()]
 

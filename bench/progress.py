@@ -30,7 +30,13 @@ def progress(
     fraction (refined by the tracked loops nested in it) goes to the run's progress bar."""
     n = total if total is not None else (len(it) if isinstance(it, Sized) else None)
     return tqdm(
-        _tracked(it, n, unit), desc=desc, total=n, leave=leave, disable=_disabled(), dynamic_ncols=True, mininterval=1.0
+        _tracked(it, n, unit, desc),
+        desc=desc,
+        total=n,
+        leave=leave,
+        disable=_disabled(),
+        dynamic_ncols=True,
+        mininterval=1.0,
     )
 
 
@@ -47,9 +53,11 @@ REPORT_S = 0.5
 
 
 @contextlib.contextmanager
-def unit_progress(report: Callable[[float], None] | None) -> Iterator[None]:
+def unit_progress(report: Callable[[float | str], None] | None) -> Iterator[None]:
     """Within: ``report(fraction)`` gets the done fraction (0..1) of the unit's ``progress(..., unit=True)``
-    loops and the loops nested in them (bench.runner: the parent's cost-weighted bar follows it)."""
+    loops and the loops nested in them (bench.runner: the parent's cost-weighted bar follows it); a
+    ``progress`` loop that runs before the main loop (a pre-training while the task is built, e.g. the VLM
+    projector's alignment) reports ``"<desc> i/n"`` instead, so a long set-up shows on the parent's bar too."""
     saved = dict(_UNIT)
     _UNIT.update(report=report, stack=[], last=0.0)
     try:
@@ -66,8 +74,11 @@ def unit_fraction() -> float:
     return f
 
 
-def _tracked(it: Iterable[T], n: int | None, unit: bool) -> Iterator[T]:
+def _tracked(it: Iterable[T], n: int | None, unit: bool, desc: str = "") -> Iterator[T]:
     stack = _UNIT["stack"]
+    if _UNIT["report"] is not None and n and desc and not (unit or stack):  # a unit's set-up loop
+        yield from _setup(it, n, desc)
+        return
     if _UNIT["report"] is None or not n or not (unit or stack):  # not inside a unit's main loop
         yield from it
         return
@@ -83,6 +94,15 @@ def _tracked(it: Iterable[T], n: int | None, unit: bool) -> Iterator[T]:
             yield x
     finally:
         del stack[next(k for k, f in enumerate(stack) if f is frame)]
+
+
+def _setup(it: Iterable[T], n: int, desc: str) -> Iterator[T]:
+    for i, x in enumerate(it):
+        now = time.monotonic()
+        if now - _UNIT["last"] >= REPORT_S:
+            _UNIT["last"] = now
+            _UNIT["report"](f"{desc} {i}/{n}")
+        yield x
 
 
 def progress_bar(*, total: float, desc: str = "", unit: str = "it", weighted: bool = False) -> tqdm:

@@ -461,10 +461,14 @@ def run(
     running: dict[str, Unit] = {}  # by key: the units submitted and not finished
     shown: dict[str, float] = {}  # by key: the fraction of its cost already on the bar
 
-    def advance(key: str, fraction: float) -> None:
+    def advance(key: str, fraction: float | str) -> None:
         """A running unit reports it is ``fraction`` done: the bar moves by that share of its cost, never
-        back and never beyond it (the rest lands when the unit finishes)."""
+        back and never beyond it (the rest lands when the unit finishes); a string is its set-up step."""
         u = running.get(key)
+        if isinstance(fraction, str):
+            if u is not None:
+                bar.set_postfix_str(fraction)
+            return
         fraction = min(max(float(fraction), 0.0), 1.0)
         if u is not None and fraction > shown.get(key, 0.0):
             bar.update((fraction - shown.get(key, 0.0)) * u.cost)

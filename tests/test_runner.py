@@ -123,13 +123,13 @@ class RecordingBar:
     """Stands in for the run's tqdm bar: keeps every update."""
 
     def __init__(self, total, **_):
-        self.total, self.updates = total, []
+        self.total, self.updates, self.postfix = total, [], []
 
     def update(self, n):
         self.updates.append(n)
 
-    def set_postfix_str(self, _):
-        pass
+    def set_postfix_str(self, s):
+        self.postfix.append(s)
 
     def close(self):
         pass
@@ -152,3 +152,33 @@ def test_the_bar_moves_within_a_training_unit_and_never_beyond_the_work(tmp_path
     assert len(within) >= 3 * 3 * 2, bar.updates  # rounds x clients x local epochs, at least
     assert all(u > 0 for u in bar.updates)
     assert sum(bar.updates) == pytest.approx(bar.total)  # no unit moved the bar beyond its own cost
+
+
+@dataclass
+class SlowSetUp(FedAvg):
+    """FedAvg whose model set-up runs a long loop before training (as the VLM projector's alignment does)."""
+
+    name = "slow_setup"
+
+    def setup(self, model, api):
+        from bench.progress import progress
+
+        for _ in progress(range(4), desc="align projector"):
+            pass
+        return super().setup(model, api)
+
+
+def test_a_units_set_up_loop_shows_on_the_bar(tmp_path, monkeypatch):
+    import bench.progress
+    import bench.runner
+
+    bars = []
+    monkeypatch.setattr(bench.runner, "progress_bar", lambda **kw: bars.append(RecordingBar(**kw)) or bars[-1])
+    monkeypatch.setattr(bench.progress, "REPORT_S", 0.0)
+
+    run([toy_task(rounds=2)], [SlowSetUp()], [ToyLossMIA()], [0], tmp_path)
+
+    (bar,) = bars
+    shown = [p for p in bar.postfix if p.startswith("align projector")]
+    assert shown[:4] == [f"align projector {i}/4" for i in range(4)]  # (attack cells rebuild the model too)
+    assert sum(bar.updates) == pytest.approx(bar.total)  # a set-up step never moves the bar
