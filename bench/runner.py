@@ -460,6 +460,12 @@ def run(
     pending: dict[Any, tuple[Unit, list[Cell]]] = {}
     running: dict[str, Unit] = {}  # by key: the units submitted and not finished
     shown: dict[str, float] = {}  # by key: the fraction of its cost already on the bar
+    moved = [0.0]  # seconds of estimated work on the bar so far
+
+    def move(seconds: float) -> None:  # never past the total (rounding in the units' cost sum made tqdm warn)
+        step = max(0.0, min(seconds, bar.total - moved[0]))
+        moved[0] += step
+        bar.update(step)
 
     def advance(key: str, fraction: float | str) -> None:
         """A running unit reports it is ``fraction`` done: the bar moves by that share of its cost, never
@@ -471,12 +477,12 @@ def run(
             return
         fraction = min(max(float(fraction), 0.0), 1.0)
         if u is not None and fraction > shown.get(key, 0.0):
-            bar.update((fraction - shown.get(key, 0.0)) * u.cost)
+            move((fraction - shown.get(key, 0.0)) * u.cost)
             shown[key] = fraction
 
     def finish(u: Unit) -> None:
         running.pop(u.key, None)
-        bar.update(u.cost * (1.0 - shown.pop(u.key, 0.0)))
+        move(u.cost * (1.0 - shown.pop(u.key, 0.0)))
 
     if hasattr(executor, "on_progress"):
         executor.on_progress = advance
@@ -507,7 +513,7 @@ def run(
                 for c in entry["cells"]:
                     write_failed(store, c.skeleton(), failure, traceback=traceback_)
                     summary.counts["failed"] += 1
-                    bar.update(estimator.cell_cost(c))
+                    move(estimator.cell_cost(c))
                 continue
             entry["keys"].discard(key)
             if not entry["keys"]:
