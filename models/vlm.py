@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -378,9 +379,15 @@ def pretrain_projector(
     lr: float,
     seed: int,
     desc: str = "projector alignment",
+    checkpoint: Path | None = None,
+    every: int = 10,
 ) -> tuple[dict[str, Tensor], dict]:
     """Train only the projector on public captioned images with the LM frozen (LLaVA stage 1): AdamW, linear
-    warm-up over 5% of the steps then cosine decay. Returns (projector state, log)."""
+    warm-up over 5% of the steps then cosine decay. Returns (projector state, log).
+
+    ``checkpoint``: a cache-entry stem (bench.cachefile: safetensors + JSON) written every ``every`` steps with
+    the projector, the optimiser's moments, the sampler's state and the losses; a killed alignment resumes
+    from it and ends with the same projector as an uninterrupted one (hours on a CPU: a kill loses minutes)."""
     params = list(model.projector.parameters())
     was = [p.requires_grad for p in params]
     lora = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("projector.")]
@@ -395,9 +402,10 @@ def pretrain_projector(
     )
     g = torch.Generator().manual_seed(seed)
     losses: list[float] = []
+    start = _resume_alignment(checkpoint, model, opt, sched, g, losses, steps) if checkpoint else 0
     model.train()
     try:
-        for _ in progress(range(steps), desc=desc, leave=False):
+        for step in progress(range(start, steps), desc=desc, leave=False):
             idx = torch.randint(0, len(items), (batch_size,), generator=g).tolist()
             loss = caption_loss(model, collate([items[i] for i in idx]))
             opt.zero_grad(set_to_none=True)
@@ -405,6 +413,8 @@ def pretrain_projector(
             opt.step()
             sched.step()
             losses.append(float(loss.detach()))
+            if checkpoint is not None and (step + 1) % every == 0 and step + 1 < steps:
+                _save_alignment(checkpoint, model, opt, g, losses, steps)
     finally:
         model.eval()
         for p, w in zip(params, was):
@@ -420,6 +430,60 @@ def pretrain_projector(
         "loss_last": sum(losses[-k:]) / k if losses else None,
     }
     return {n: t.detach().clone() for n, t in model.projector.state_dict().items()}, log
+
+
+def _save_alignment(
+    stem: Path, model: SmallVLM, opt: torch.optim.Optimizer, g: torch.Generator, losses: list[float], steps: int
+) -> None:
+    """The alignment's state after ``len(losses)`` steps (see :func:`pretrain_projector`)."""
+    from bench import cachefile
+
+    moments = {}
+    for i, p in enumerate(model.projector.parameters()):
+        st = opt.state.get(p, {})
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            if name in st:
+                moments[f"{i}.{name}"] = torch.as_tensor(st[name]).detach().clone()
+    groups = {"projector": model.projector.state_dict(), "moments": moments, "rng": {"generator": g.get_state()}}
+    tensors, order = cachefile.flatten(groups)
+    cachefile.save(stem, tensors, {"done": len(losses), "steps": steps, "losses": list(losses), "order": order})
+
+
+def _resume_alignment(
+    stem: Path,
+    model: SmallVLM,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    g: torch.Generator,
+    losses: list[float],
+    steps: int,
+) -> int:
+    """Load a checkpoint of the same alignment (same cache key, same ``steps``); returns the steps done (0: none)."""
+    from bench import cachefile
+
+    got = cachefile.load(
+        stem, lambda t, m: (cachefile.unflatten(t, m["order"]), m), quarantine_dir=stem.parent / "quarantine"
+    )
+    if got is None or got[1].get("steps") != steps:
+        return 0
+    groups, meta = got
+    model.projector.load_state_dict(groups["projector"])
+    for i, p in enumerate(model.projector.parameters()):
+        st = {
+            n: groups["moments"][f"{i}.{n}"]
+            for n in ("exp_avg", "exp_avg_sq", "step")
+            if f"{i}.{n}" in groups["moments"]
+        }
+        if st:
+            opt.state[p] = {n: t.clone() for n, t in st.items()}
+    g.set_state(groups["rng"]["generator"])
+    done = int(meta["done"])
+    with warnings.catch_warnings():  # the schedule is a function of the step count: replay it
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+        for _ in range(done):
+            sched.step()
+    losses.extend(float(x) for x in meta["losses"])
+    return done
 
 
 def projector_key(spec: dict[str, Any], *, steps: int, batch_size: int, lr: float, seed: int) -> str:
@@ -482,10 +546,13 @@ def load_or_pretrain_projector(
             lr=lr,
             seed=seed,
             desc=f"projector alignment {key[:8]}",
+            checkpoint=d / "partial",
         )
         log["spec"] = spec
         tensors, order = cachefile.flatten({"state": state})
         cachefile.save(stem, tensors, {"log": log, "order": order})
+        for f in d.glob("partial*"):  # the finished entry supersedes the checkpoint
+            f.unlink()
     return state, log, d / "projector.json"
 
 

@@ -581,3 +581,31 @@ def test_scores_reject_a_kept_name_that_is_not_a_score():
 
     with pytest.raises(ValueError, match="not among the score names"):
         Scores({"a": torch.zeros(2)}, keep=("b",))
+
+
+def test_a_killed_projector_alignment_resumes_to_the_same_projector(smoke, tmp_path):
+    # arrange: the same alignment run straight through, and killed after 4 of 6 steps (checkpoints every 2)
+    items = _items(smoke.test_data)[:12]
+    kw = dict(steps=6, batch_size=3, lr=1e-2, seed=0)
+    straight, _ = vlm.pretrain_projector(smoke.api.build_model(), items, smoke.api.collate, **kw)
+    stem = tmp_path / "partial"
+    calls = []
+
+    def dying(batch_items):
+        calls.append(1)
+        if len(calls) == 6:  # the 6th batch: 5 steps done, the checkpoint holds 4
+            raise KeyboardInterrupt
+        return smoke.api.collate(batch_items)
+
+    with pytest.raises(KeyboardInterrupt):
+        vlm.pretrain_projector(smoke.api.build_model(), items, dying, checkpoint=stem, every=2, **kw)
+    # act: a fresh process's run of the same alignment
+    again = []
+    counting = lambda b: again.append(1) or smoke.api.collate(b)  # noqa: E731
+    resumed, log = vlm.pretrain_projector(smoke.api.build_model(), items, counting, checkpoint=stem, every=2, **kw)
+    # assert: bit for bit the uninterrupted projector; the log covers all six steps
+    assert straight.keys() == resumed.keys()
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    assert len(again) == 2  # it ran steps 5 and 6 only
+    assert log["steps"] == 6 and log["loss_last"] is not None
+    assert not torch.equal(straight["0.weight"], smoke.api.build_model().projector.state_dict()["0.weight"])
