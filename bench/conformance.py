@@ -557,7 +557,7 @@ def isolated_reports(
                 print(rep.render(), file=out, flush=True)
                 failed += len(rep.failed)
         except KeyboardInterrupt:
-            slot._discard(kill=True)
+            slot.close(kill=True)  # before the waiter is joined: it would wait for the unit
             raise
         finally:
             slot.close()

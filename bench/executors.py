@@ -192,12 +192,24 @@ def _run_in_worker(unit) -> Outcome:
 
 
 class Slot:
-    """One reusable worker process with a per-unit wall-clock budget; killed and replaced on overrun or crash."""
+    """One reusable worker process with a per-unit wall-clock budget; killed and replaced on overrun or crash.
 
-    def __init__(self, cfg: WorkerConfig, context: str = "forkserver", *, report: bool = True):
+    ``stop`` (shared by an executor's slots) set: no worker starts any more. The pool is only created,
+    submitted to and taken out under ``_lock``, so a shutdown racing the slot's thread sees every worker."""
+
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        context: str = "forkserver",
+        *,
+        report: bool = True,
+        stop: threading.Event | None = None,
+    ):
         self.cfg = cfg
         self.context = context
         self.report = report  # the worker's units send their done fraction (``poll``)
+        self._stop = stop or threading.Event()
+        self._lock = threading.Lock()
         self._pool: cf.ProcessPoolExecutor | None = None
         # the current worker's progress queue, a multiprocessing Queue (one writer: a killed worker tears no other's)
         self._queue: Any = None
@@ -223,52 +235,56 @@ class Slot:
                 break
         return got
 
-    def _processes(self) -> list:
+    def _discard(self, kill: bool, pool: cf.ProcessPoolExecutor | None = None) -> list[int | None]:
+        """Take the pool out of the slot (only if it is still ``pool``, when given: else whoever took it ends
+        it) and end it, killing its worker first if ``kill``; the worker's exit codes."""
+        with self._lock:
+            if pool is not None and pool is not self._pool:
+                return []
+            pool, self._pool, self._queue = self._pool, None, None
+        if pool is None:
+            return []
         # ProcessPoolExecutor has no public way to kill a worker before Python 3.14 (terminate_workers)
-        return list(getattr(self._pool, "_processes", {}).values()) if self._pool else []
-
-    def _discard(self, kill: bool) -> list[int | None]:
-        procs = self._processes()
+        procs = list((getattr(pool, "_processes", None) or {}).values())
         if kill:
             for p in procs:
                 if p.is_alive():
                     p.kill()
-        for p in procs:
-            p.join(timeout=10)
-        codes = [p.exitcode for p in procs]
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-        self._pool = None
-        self._queue = None
-        return codes
+            for p in procs:
+                p.join(timeout=10)
+        pool.shutdown(wait=True, cancel_futures=True)  # not killed: waits for the unit in flight
+        return [p.exitcode for p in procs]
 
     def run(self, unit, fn=None, *, flag: str = "--cell-timeout") -> Outcome:
         """``fn(unit)`` (default ``execute_unit``) in the worker; ``flag`` names the budget in a timeout reason."""
         t0 = time.time()
-        fut = self._ensure().submit(fn or _run_in_worker, unit)
+        with self._lock:
+            if self._stop.is_set():
+                return _failed(unit, "not run: the run was stopped", t0)
+            pool = self._ensure()
+            fut = pool.submit(fn or _run_in_worker, unit)
         budget = self.cfg.timeout_s or None
         try:
             out = fut.result(timeout=budget)
         except cf.TimeoutError:
-            self._discard(kill=True)
+            self._discard(True, pool)
             return _failed(unit, f"timed out after {budget:g} s ({flag}); the worker was killed", t0)
         except BrokenProcessPool:
-            codes = self._discard(kill=False)
+            codes = self._discard(False, pool)
             code = next((c for c in codes if c is not None), None)
             cap = f"; memory cap {self.cfg.mem_cap_mb} MB" if self.cfg.mem_cap_mb else ""
             return _failed(unit, f"worker process died (exit code {code}){cap}", t0)
         except BaseException as e:  # e.g. the outcome could not be unpickled
-            self._discard(kill=True)
+            self._discard(True, pool)
             return _failed(unit, f"worker error: {type(e).__name__}: {e}", t0)
         if out.get("restart"):  # e.g. after a MemoryError the worker's heap is suspect
-            self._discard(kill=True)
+            self._discard(True, pool)
         return out
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)  # idle worker: it exits on its own
-            self._pool = None
-            self._queue = None
+    def close(self, *, kill: bool = False) -> None:
+        """Start no worker after this and end the current one (``kill``: without waiting for its unit)."""
+        self._stop.set()
+        self._discard(kill)
 
 
 def _failed(unit, reason: str, t0: float) -> Outcome:
@@ -289,8 +305,10 @@ class LocalExecutor:
 
     def __init__(self, jobs: int, cfg: WorkerConfig, *, context: str = "forkserver"):
         self.jobs = jobs
+        self._stop = threading.Event()  # set by shutdown: no slot starts a worker (or a unit) after it
+        self._kill = False  # once an interrupted run asked to kill, every later shutdown kills too
         self._slots: queue.Queue[Slot] = queue.Queue()
-        self._all = [Slot(cfg, context) for _ in range(jobs)]
+        self._all = [Slot(cfg, context, stop=self._stop) for _ in range(jobs)]
         for s in self._all:
             self._slots.put(s)
         self._threads = cf.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="bench-slot")
@@ -310,13 +328,14 @@ class LocalExecutor:
         return [r for s in self._all for r in s.poll()]
 
     def shutdown(self, *, kill: bool = False) -> None:
-        """Stop the workers; ``kill`` (an interrupted run) does not wait for the units in flight."""
-        if kill:
-            for s in self._all:
-                s._discard(kill=True)
-        self._threads.shutdown(wait=True, cancel_futures=True)
+        """Stop the workers, starting no queued unit; ``kill`` (an interrupted run) kills the units in flight
+        before any wait, so a unit ending meanwhile cannot free a slot for the next one."""
+        self._kill = self._kill or kill
+        self._stop.set()
+        self._threads.shutdown(wait=False, cancel_futures=True)
         for s in self._all:
-            s.close()
+            s.close(kill=self._kill)
+        self._threads.shutdown(wait=True)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -41,6 +41,20 @@ def tqdm_then_sleep(_unit) -> None:
     time.sleep(3600)
 
 
+def hanging_jobs_run(out: str, marks: str) -> None:
+    """Four hanging training runs (then the toy's base-model cells) on two worker processes: two run, the rest wait."""
+    import functools
+
+    from bench.executors import LocalExecutor, WorkerConfig
+    from bench.runner import run
+    from tests.toy import MarkThenHang, ToyLossMIA, toy_task
+
+    task = toy_task()
+    task.source = functools.partial(toy_task)  # how a worker rebuilds it
+    defenses = [MarkThenHang(marks=marks, tag=i) for i in range(4)]
+    run([task], defenses, [ToyLossMIA()], [0], Path(out), executor=LocalExecutor(2, WorkerConfig(threads=1)))
+
+
 def main(out: str) -> int:
     import torch
 

@@ -6,6 +6,7 @@ The engine's own faults (hanging, exiting, memory-hungry contributed code) are i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -688,7 +689,7 @@ def test_kill_minus_9_of_a_jobs_2_run_takes_its_workers_down_then_resume_complet
     ]
     proc = _spawn(cmd, tmp_path / "run.log")
     # workers are the forkserver's children: grandchildren of the run's process
-    workers = lambda: [p for p, pp in _session(proc.pid).items() if pp not in (proc.pid, 1)]  # noqa: E731
+    workers = lambda: [p for p, pp in _session(proc.pid).items() if p != proc.pid and pp not in (proc.pid, 1)]  # noqa: E731
     waited = _until(lambda: len(workers()) >= 2 or proc.poll() is not None, 600)
     seen = workers()
     assert proc.poll() is None and len(seen) == 2, (
@@ -713,6 +714,54 @@ def test_kill_minus_9_of_a_jobs_2_run_takes_its_workers_down_then_resume_complet
     assert len(recs) == len(files) and not (out / "quarantine").exists(), "a torn record"
     assert {r["status"] for r in recs} <= {"ok", "n/a"}, [r.get("reason") for r in recs if r["status"] == "failed"]
     assert len(recs) == _planned("image-cls", "fedavg,fedsgd", "loss_mia")
+
+
+JOBS_RUN = """
+import signal, sys
+from tests.fault_run import hanging_jobs_run
+def _terminate(signum, frame):  # as bench/__main__.py: SIGTERM stops the run like Ctrl-C
+    raise KeyboardInterrupt
+signal.signal(signal.SIGTERM, _terminate)
+try:
+    hanging_jobs_run(sys.argv[1], sys.argv[2])
+except KeyboardInterrupt:
+    print("interrupted")
+    sys.exit(130)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc")
+@pytest.mark.parametrize("kill_worker", [False, True], ids=["sigterm", "sigterm-and-worker-killed"])
+def test_an_interrupted_jobs_2_run_starts_no_new_unit_and_leaves_no_worker(tmp_path, kill_worker):
+    """SIGTERM to a --jobs 2 run with units queued (and, at once, kill -9 of a worker): no queued unit starts,
+    the run exits promptly and no process of it is left (a freed slot used to start the next unit on a new
+    worker, and the shutdown then waited for that unit)."""
+    marks, out, log = tmp_path / "marks", tmp_path / "out", tmp_path / "run.log"
+    marks.mkdir()
+    proc = _spawn([sys.executable, "-c", JOBS_RUN, str(out), str(marks)], log)
+    started = lambda: sorted(p.name for p in marks.iterdir())  # noqa: E731 - "<tag>.<worker pid>" per unit
+    records = lambda: sorted(out.glob("records/*/*.json"))  # noqa: E731
+    _until(lambda: len(started()) >= 2 or proc.poll() is not None, 120)
+    first, written = started(), records()
+    assert proc.poll() is None and len(first) == 2, log.read_text()[-2000:]
+
+    os.kill(proc.pid, signal.SIGTERM)
+    if kill_worker:
+        with contextlib.suppress(ProcessLookupError):  # the run may have killed it already
+            os.kill(int(first[0].split(".")[1]), signal.SIGKILL)
+    try:
+        code = proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        code = None
+    gone_after = _until(lambda: not _session(proc.pid), 10)
+
+    left = _session(proc.pid)
+    for pid in left:  # do not leave them behind for the rest of the suite
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    assert started() == first and records() == written, f"a unit started after the interrupt: {started()}"
+    assert code == 130 and "interrupted" in log.read_text(), f"exit {code}: {log.read_text()[-2000:]}"
+    assert gone_after <= 5, f"still running {gone_after:.0f} s after the run exited: {left}"
 
 
 def _planned(scenario: str, defenses: str, attacks: str) -> int:

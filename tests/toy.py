@@ -1,8 +1,11 @@
-"""A toy image-classification task and toy attacks for harness tests (not registered globally)."""
+"""A toy image-classification task, toy attacks and a hanging defense for harness tests (not registered globally)."""
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -11,6 +14,7 @@ from torch.nn import functional as F
 from bench.fl import split_clients
 from bench.task import Task
 from bench.types import Attack, FLConfig, ImageSpec, Reconstructions, Scores, TaskAPI
+from defenses.fedavg import FedAvg
 
 
 def _collate(items):
@@ -95,3 +99,16 @@ class ToyMeanRecon(Attack):
 
     def run(self, obs, candidates):
         return Reconstructions(torch.zeros(1, *obs.api.image.input_shape))
+
+
+@dataclass
+class MarkThenHang(FedAvg):
+    """A defense whose training leaves ``<tag>.<pid>`` in folder ``marks`` and hangs (shows which units started)."""
+
+    name = "mark_then_hang"
+    marks: str = ""
+    tag: int = 0
+
+    def client_step(self, state, ctx):
+        Path(self.marks, f"{self.tag}.{os.getpid()}").write_text("")
+        time.sleep(3600)
