@@ -213,6 +213,16 @@ def make_executor(a, jobs: int, cfg):
     return LocalExecutor(jobs, cfg)
 
 
+def idle_executor(jobs: int):
+    """The executor of a run with every cell recorded: nothing is submitted, so no worker starts and no Ray
+    cluster is started or contacted (as with --dry-run, the plan shows --jobs)."""
+    from .runner import InlineExecutor
+
+    ex = InlineExecutor()
+    ex.jobs = jobs
+    return ex
+
+
 def cmd_run(a) -> int:
     preset = check_preset(a.preset)
     seeds = parse_seeds(a.seeds)
@@ -232,6 +242,7 @@ def cmd_run(a) -> int:
     # every cell recorded already: plan over the declarations (bench.specs), no task built, no model library
     # imported; otherwise build them (may raise AssetMissing: still nothing written)
     tasks = recorded_tasks(names, preset, precision, defenses, attacks, seeds, out, readonly=a.dry_run)
+    recorded = tasks is not None
     if tasks is None:
         tasks = build_tasks(names, preset, precision)
 
@@ -240,7 +251,7 @@ def cmd_run(a) -> int:
         pl = make_plan(plan(tasks, defenses, attacks, seeds), store, costs, jobs=jobs)
         print(pl.render())
         return 0
-    executor = make_executor(a, jobs, cfg)
+    executor = idle_executor(jobs) if recorded else make_executor(a, jobs, cfg)
     summary = run(
         tasks, defenses, attacks, seeds, out, executor=executor, device=device, on_plan=lambda pl: print(pl.render())
     )

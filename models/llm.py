@@ -105,18 +105,25 @@ def _complete(d: Path) -> bool:
 
 def smollm2_tokenizer():
     """SmolLM2's tokenizer (from the model cache, else its own small cache, else read from the GGUF
-    file once, ~20 s, and cached)."""
+    file once, ~20 s, and cached), named :func:`smollm2_tokenizer_name` wherever it was read from."""
     from transformers import AutoTokenizer
 
     gguf = smollm2_gguf()  # AssetMissing with the install hint when the package is absent
     _, tok_dir = _smollm2_dirs()
     cached = smollm2_tokenizer_dir()
-    if cached is not None:
-        return AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
-    with _atomic_dir(tok_dir) as tmp:
-        tok.save_pretrained(str(tmp))
-    return AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+    if cached is None:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+        with _atomic_dir(tok_dir) as tmp:
+            tok.save_pretrained(str(tmp))
+    tok = AutoTokenizer.from_pretrained(str(cached or tok_dir), local_files_only=True)
+    tok.name_or_path = smollm2_tokenizer_name()
+    return tok
+
+
+def smollm2_tokenizer_name() -> str:
+    """The name a task config records for SmolLM2's tokenizer, whichever cached folder it was read from (the
+    model's: a config hash must not change once the model is converted beside the tokenizer-only cache)."""
+    return str(_smollm2_dirs()[0])
 
 
 def smollm2_tokenizer_dir() -> Path | None:

@@ -151,6 +151,29 @@ def test_compact_vocab_round_trips_the_real_tokenizer():
     assert tok(["zebra unseen"])["input_ids"][0].count(unk) >= 1
 
 
+def test_the_smoke_tokenizer_name_does_not_depend_on_which_cache_folder_holds_it(tmp_path, monkeypatch):
+    """The smoke config records the tokenizer's name: converting the model beside the tokenizer-only cache (a
+    VLM or default build) must not change it, or every recorded llm-text cell would be redone."""
+    import shutil
+
+    from bench.scenarios import llm_text
+
+    src = llm.smollm2_tokenizer_dir() or llm.smollm2_tokenizer().name_or_path  # converted once if needed
+    model_dir, tok_dir = tmp_path / "model", tmp_path / "tokenizer"
+    monkeypatch.setattr(llm, "_smollm2_dirs", lambda: (model_dir, tok_dir))
+    texts = ["The quick brown fox.", "A fortune: you will write tests."]
+
+    def names() -> list[str]:
+        return [llm.default_tokenizer().name_or_path, llm_text._compact_tokenizer_name(texts)]
+
+    shutil.copytree(src, tok_dir, ignore=shutil.ignore_patterns("*.safetensors"))  # the tokenizer-only cache
+    only_tokenizer = names()
+    shutil.copytree(tok_dir, model_dir)  # the model converted beside it: read from there now
+    assert llm.smollm2_tokenizer_dir() == model_dir
+
+    assert names() == only_tokenizer and only_tokenizer[0] == str(model_dir)
+
+
 def _texts(ds) -> list[str]:
     if isinstance(ds, torch.utils.data.Subset):
         return [ds.dataset.texts[i] for i in ds.indices]

@@ -140,7 +140,7 @@ def _record_every_cell(out, tasks: list, defense: str, attack: str) -> int:
     return len(cells)
 
 
-def _cached_run(out, scenario: str) -> tuple[dict, list[str]]:
+def _cached_run(out, scenario: str, *extra: str) -> tuple[dict, list[str]]:
     """A fully cached ``bench run`` in a fresh interpreter where building a task exits: its return code, the
     top-level modules it imported, and its stdout lines."""
     code = (
@@ -150,7 +150,7 @@ def _cached_run(out, scenario: str) -> tuple[dict, list[str]]:
         "    raise SystemExit('the cached re-run built a task')\n"
         "bench.cli.build_tasks = no_build\n"
         f"rc = bench.cli.main(['run', '--preset', 'smoke', '--scenario', {scenario!r}, '--defense', 'fedavg', "
-        f"'--attack', 'loss_mia', '--out', {str(out)!r}])\n"
+        f"'--attack', 'loss_mia', '--out', {str(out)!r}, *{list(extra)!r}])\n"
         "print(json.dumps({'rc': rc, 'modules': sorted({m.split('.')[0] for m in sys.modules})}))"
     )
     env = {**os.environ, "BENCH_THREADS": "1"}
@@ -181,6 +181,37 @@ def test_a_missing_cell_builds_the_tasks(tmp_path):
 
     assert cli.recorded_tasks(*args) is None
     assert cli.recorded_tasks(["image-cls"], "smoke", "fp32", defenses, attacks, [0, 1], tmp_path) is None
+
+
+def test_a_cached_rerun_starts_no_executor(tmp_path):
+    _record_every_cell(tmp_path, list(_built("image-cls", "smoke")), "fedavg", "loss_mia")
+
+    got, stdout = _cached_run(tmp_path, "image-cls", "--executor", "ray", "--jobs", "2")
+
+    assert got["rc"] == 0 and "cells: 0 ok, 0 n/a, 0 failed" in "\n".join(stdout)
+    assert "ray" not in got["modules"]  # no local Ray started for nothing (seconds), no cluster contacted
+    assert "estimated time: 0 s with 2 job(s)" in "\n".join(stdout)  # --jobs, as --dry-run shows it
+
+
+def test_a_real_runs_cached_rerun_imports_no_heavy_library_and_leaves_every_file_alone(tmp_path):
+    """A real tiny run (records, training cache, leaderboards), then its re-run: nothing to do, so nothing is
+    imported beyond planning and nothing under --out is rewritten."""
+    env = {**os.environ, "BENCH_THREADS": "1"}
+    args = ["--preset", "smoke", "--scenario", "image-cls", "--defense", "fedavg", "--attack", "loss_mia"]
+    first = subprocess.run(
+        [sys.executable, "-m", "bench", "run", *args, "--out", str(tmp_path)], capture_output=True, text=True, env=env
+    )
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert " 0 already done" in first.stdout and (tmp_path / "cache").is_dir()
+    before = _tree(tmp_path)
+
+    got, stdout = _cached_run(tmp_path, "image-cls")
+
+    n = len(list((tmp_path / "records").rglob("*.json")))
+    assert got["rc"] == 0 and f"cells: 0 ok, 0 n/a, 0 failed, {n} already done" in "\n".join(stdout)
+    assert f"leaderboards up to date: {tmp_path / 'leaderboards'}" in stdout
+    assert sorted(set(got["modules"]) & {*HEAVY, *MODEL_LIBRARIES}) == []
+    assert _tree(tmp_path) == before  # records, training cache and leaderboards: not one file written
 
 
 # ----------------------------------------------------------------------------------------------

@@ -333,7 +333,7 @@ def _compact_tokenizer_name(texts: Sequence[str]) -> str:
         if i is not None:
             specials.add(i)
     used = {i for enc in tok.encode_batch(list(texts), add_special_tokens=False) for i in enc.ids}
-    return compact_name(str(folder), len(specials | used))
+    return compact_name(llm.smollm2_tokenizer_name(), len(specials | used))
 
 
 def _declared_config(preset: str) -> dict[str, Any]:
