@@ -12,6 +12,7 @@ of an outcome dict; scheduling is left to ``concurrent.futures`` and Ray.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -100,7 +101,9 @@ def _watch_owner(owner: int) -> None:
     except (AttributeError, OSError):  # not Linux >= 5.3
         fd = None
     if fd is not None:
-        select.select([fd], [], [])
+        poller = select.poll()  # not select.select: it refuses descriptors >= 1024 (FD_SETSIZE)
+        poller.register(fd, select.POLLIN)
+        poller.poll()  # no timeout: until the owner exits (EINTR is retried, PEP 475)
         _die()
     parent = os.getppid()
     while True:
@@ -258,11 +261,19 @@ class Slot:
     def run(self, unit, fn=None, *, flag: str = "--cell-timeout") -> Outcome:
         """``fn(unit)`` (default ``execute_unit``) in the worker; ``flag`` names the budget in a timeout reason."""
         t0 = time.time()
-        with self._lock:
-            if self._stop.is_set():
-                return _failed(unit, "not run: the run was stopped", t0)
-            pool = self._ensure()
-            fut = pool.submit(fn or _run_in_worker, unit)
+        fut: cf.Future | None = None
+        for _ in range(2):  # a worker that died while idle broke its pool (submit raises): replace it once
+            with self._lock:
+                if self._stop.is_set():
+                    return _failed(unit, "not run: the run was stopped", t0)
+                pool = self._ensure()
+                with contextlib.suppress(BrokenProcessPool):
+                    fut = pool.submit(fn or _run_in_worker, unit)
+            if fut is not None:
+                break
+            self._discard(True, pool)
+        if fut is None:
+            return _failed(unit, "worker process died before the unit started, on a fresh worker too", t0)
         budget = self.cfg.timeout_s or None
         try:
             out = fut.result(timeout=budget)
@@ -392,11 +403,31 @@ class RayExecutor:
             max_retries=0,
             **({"memory": memory_mb * 2**20} if memory_mb else {}),
         )  # a scheduling request, not a cap
+        self._lock = threading.Lock()
+        self._refs: set = set()  # the tasks submitted and not yet done (``shutdown(kill=True)`` cancels them)
 
     def submit(self, unit) -> cf.Future:
-        return self._remote.remote(unit, self.cfg).future()
+        ref = self._remote.remote(unit, self.cfg)
+        with self._lock:
+            self._refs.add(ref)
+        fut = ref.future()
+        fut.add_done_callback(lambda _, ref=ref: self._done(ref))
+        return fut
+
+    def _done(self, ref) -> None:
+        with self._lock:
+            self._refs.discard(ref)  # holding a done task's ref would keep its outcome in the object store
 
     def shutdown(self, *, kill: bool = False) -> None:
+        """Disconnect (and stop a Ray started for this run); ``kill`` (an interrupted run) first force-cancels
+        the tasks in flight or queued, killing their Ray workers, so no unit goes on after the run exits, on
+        a shared cluster too."""
+        if kill:
+            with self._lock:
+                refs, self._refs = list(self._refs), set()
+            for ref in refs:
+                with contextlib.suppress(Exception):  # e.g. finished meanwhile: nothing to cancel
+                    self._ray.cancel(ref, force=True)
         if self._started:
             self._started = False
             self._ray.shutdown()

@@ -30,6 +30,13 @@ def sleeper(marker: str) -> None:
     time.sleep(3600)
 
 
+def worker_pid(unit) -> dict:
+    """A trivial unit whose outcome names the worker process it ran in (tests/test_engine.py)."""
+    import os
+
+    return {"key": unit.key, "kind": unit.kind, "status": "ok", "reason": "", "pid": os.getpid()}
+
+
 def tqdm_then_sleep(_unit) -> None:
     """A unit that draws a (disabled) progress bar and then hangs (tests/test_engine.py: killed at its timeout)."""
     import time

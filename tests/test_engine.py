@@ -300,6 +300,143 @@ def test_a_busy_worker_dies_with_its_killed_owner(tmp_path, context):
     assert gone_after <= 10, f"{left} still running {gone_after:.0f} s after the owner's kill -9 (worker {worker})"
 
 
+def test_a_worker_that_died_idle_is_replaced_and_the_next_unit_runs():
+    """A worker killed between two units leaves a broken pool, whose ``submit`` raises: the next unit runs on a
+    fresh worker (it used to come back as an "executor error")."""
+    import os
+    import signal
+    from types import SimpleNamespace
+
+    from bench.executors import Slot
+    from tests.fault_run import worker_pid
+    from tests.test_faults import _until
+
+    slot = Slot(WorkerConfig(threads=1, timeout_s=300), report=False)
+    try:
+        first = slot.run(SimpleNamespace(key="u1", kind="cell"), worker_pid)
+        assert first["status"] == "ok", first
+        pool = slot._pool
+        os.kill(first["pid"], signal.SIGKILL)  # idle: between two units
+        assert _until(lambda: getattr(pool, "_broken", False), 60) <= 60, "the pool never saw its worker die"
+
+        second = slot.run(SimpleNamespace(key="u2", kind="cell"), worker_pid)
+    finally:
+        slot.close(kill=True)
+
+    assert second["status"] == "ok" and second["pid"] != first["pid"], second
+
+
+WATCHER = """
+import os, resource, sys, time
+from bench.executors import die_with_owner
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if soft != resource.RLIM_INFINITY and soft < 2048:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (2048 if hard == resource.RLIM_INFINITY else min(2048, hard), hard))
+while (fd := os.dup(0)) < 1100:  # descriptors 0..1099 taken: the watch's pidfd gets one >= 1100
+    pass
+os.close(fd)
+die_with_owner(int(sys.argv[1]))
+def pidfds():
+    found = []
+    for f in os.listdir("/proc/self/fd"):
+        try:
+            if "pidfd" in os.readlink(f"/proc/self/fd/{f}"):
+                found.append(int(f))
+        except OSError:  # listdir's own descriptor, closed meanwhile
+            pass
+    return found
+while not pidfds():  # the watch thread has opened it
+    time.sleep(0.05)
+print("watching", pidfds()[0], flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pidfds and /proc are Linux")
+def test_a_worker_watches_its_owner_through_a_descriptor_above_1023(tmp_path):
+    """select.select refuses descriptors >= 1024 (FD_SETSIZE): the watch thread died, the worker outlived its owner."""
+    import os
+    import resource
+    import signal
+    import subprocess
+
+    from tests.test_faults import ROOT
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 1200:
+        pytest.skip("the hard descriptor limit is below 1200")
+    owner = subprocess.Popen(["sleep", "600"])
+    log = tmp_path / "watcher.log"
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", WATCHER, str(owner.pid)],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=open(log, "wb"),  # noqa: SIM115 - read on failure
+        env={**os.environ, "BENCH_THREADS": "1"},
+    )
+    try:
+        line = watcher.stdout.readline().decode() if watcher.stdout else ""
+        assert line.startswith("watching"), log.read_text()
+        owner.kill()
+        owner.wait()
+        try:
+            code = watcher.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None
+    finally:
+        for p in (owner, watcher):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    assert int(line.split()[1]) >= 1024
+    assert code == -signal.SIGKILL, f"exit {code} after its owner died: {log.read_text()[-2000:]}"
+
+
+def test_an_interrupted_ray_run_cancels_its_tasks(tmp_path):
+    """shutdown(kill=True) force-cancels the tasks in flight and queued: on a Ray the run did not start (so
+    shutdown does not stop it), no unit goes on after the run."""
+    import concurrent.futures as cf
+    import os
+
+    ray = pytest.importorskip("ray")
+    from bench.executors import RayExecutor
+    from bench.runner import Unit
+    from tests.test_faults import _until
+    from tests.toy import MarkThenHang
+
+    def alive(pid: int) -> bool:
+        try:
+            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX"
+        except (OSError, IndexError):
+            return False
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    try:
+        ex = RayExecutor(WorkerConfig(threads=1, timeout_s=600))
+        assert ex.jobs == 2
+        hang = [MarkThenHang(marks=str(marks), tag=i) for i in range(3)]  # two run, one waits for a CPU
+        units = [Unit("train", f"hang{i}", task(), d, out=str(tmp_path / "out")).portable() for i, d in enumerate(hang)]
+        futures = [ex.submit(u) for u in units]
+        _until(lambda: len(list(marks.iterdir())) >= 2, 300)
+        first = sorted(p.name for p in marks.iterdir())
+        assert len(first) == 2, first
+        pids = [int(name.split(".")[1]) for name in first]  # the units' worker processes
+
+        ex.shutdown(kill=True)
+
+        gone_after = _until(lambda: not any(alive(p) for p in pids), 30)
+        done, _ = cf.wait(futures, timeout=30)
+        time.sleep(2)  # a queued task that was not cancelled would start now
+        assert gone_after <= 20, f"units still running {gone_after:.0f} s after the shutdown: {pids}"
+        assert len(done) == 3 and sorted(p.name for p in marks.iterdir()) == first
+    finally:
+        ray.shutdown()
+
+
 NOISE = (
     "Loading weights",
     "Loaded pretrained weights",
