@@ -117,6 +117,10 @@ def markdown(rows: list[dict], audits: list[dict] | None = None) -> str:
         "Verdicts come from the suite's own records and 95% intervals, per scenario and preset; reported "
         "numbers never enter them (see `reported_vs_measured.csv`). " + " ".join(__doc__.split("\n\n")[1].split()),
         "",
+        "Whether the reference-model attack is the stronger one on each undefended baseline (the [RMIA] positive "
+        "control: RMIA minus the best single-signal attack in TPR at the lowest FPR the non-members support, "
+        "paired) is the attack-strength section of each scenario page and `<scenario>_attack_strength.csv`.",
+        "",
     ]
     if rows:
         parts.append(

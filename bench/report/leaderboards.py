@@ -4,7 +4,9 @@ Per scenario, under ``<out>/leaderboards``: ``<scenario>.csv`` (one row per pres
 configuration: utility, epsilon, cost, and per attack x view the headline metrics with 95% intervals,
 whether the row is in the column's best group, and how it compares with the undefended baseline),
 ``<scenario>_matrix.csv`` (defenses x attacks, one cell each: the value, ``n/a`` + reason, or
-``failed`` + reason), ``<scenario>_cells.csv`` (one row per record), ``<scenario>.md`` and plots;
+``failed`` + reason), ``<scenario>_cells.csv`` (one row per record), ``<scenario>_attack_strength.csv``
+(RMIA against the best single-signal attack on the undefended baseline, ``bench.report.strength``; also a
+section of the page), ``<scenario>.md`` and plots;
 across scenarios ``reported_vs_measured.csv``, ``claims.csv`` / ``claims.md``, ``README.md`` and
 ``index.html``. The same records give byte-identical CSVs: rows and columns are sorted, bootstrap
 generators are seeded from the cell's identity, floats are written with ``%.6g``.
@@ -26,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..store import atomic_write_bytes
-from . import audit, claims, html, plots, reported, table4
+from . import audit, claims, html, plots, reported, strength, table4
 from .markdown import index_markdown, scenario_markdown
 from .results import Results
 from .tables import cells_table, matrix_table, scenario_table, to_csv_bytes
@@ -69,9 +71,15 @@ def write_leaderboards(out: Path, dest: Path | None = None, *, notices: list[str
             written.append(dest / name)
         plot_files = plots.scenario_plots(res, scenario, table, dest, out)
         written += [dest / p for p in plot_files]
+        # [RMIA] positive control: RMIA vs the best single-signal attack on the undefended baseline
+        strong = strength.strength_table(res, scenario)
+        if len(strong):
+            atomic_write_bytes(dest / f"{scenario}_attack_strength.csv", to_csv_bytes(strong))
+            written.append(dest / f"{scenario}_attack_strength.csv")
         s_claims = [c for c in claim_rows if c["scenario"] == scenario]
         s_rvm = rvm[rvm.scenario == scenario] if len(rvm) else rvm
-        md = scenario_markdown(res, scenario, table, meta, matrix, s_claims, s_rvm, plot_files)
+        smd = strength.markdown(strong, scenario)
+        md = scenario_markdown(res, scenario, table, meta, matrix, s_claims, s_rvm, plot_files, strength_md=smd)
         if scenario == table4.SCENARIO and t4 is not None:
             md += "\n## papers/000 Table 4 and Table 1, measured beside reported\n\n" + table4.markdown(t4)
         atomic_write_bytes(dest / f"{scenario}.md", md.encode())
@@ -85,6 +93,7 @@ def write_leaderboards(out: Path, dest: Path | None = None, *, notices: list[str
                 "claims": s_claims,
                 "reported": s_rvm,
                 "plots": plot_files,
+                "strength": strong,
                 "res": res,
             }
         )

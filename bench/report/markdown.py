@@ -256,7 +256,11 @@ def scenario_markdown(
     claims: list[dict],
     rvm: pd.DataFrame,
     plots: list[str],
+    *,
+    strength_md: str = "",
 ) -> str:
+    """The scenario page; ``strength_md``: the attack-strength section (``bench.report.strength``), after the
+    distribution-shift check."""
 
     presets = ", ".join(sorted(set(table.preset))) if len(table) else ""
     n = sum(r["scenario"] == scenario for r in res.records)
@@ -288,6 +292,8 @@ def scenario_markdown(
     shift = shift_check(table, meta)
     if shift:
         parts += ["## Distribution-shift check (attacks on the un-fine-tuned base model)", ""] + shift + [""]
+    if strength_md:
+        parts += [strength_md]
     notes = sorted({n for n in table.get("privacy.note", pd.Series(dtype=str)).fillna("") if n})
     if notes:
         parts += ["## Privacy notes", ""] + [f"- {md_escape(x)}" for x in notes] + [""]
@@ -332,6 +338,13 @@ def scenario_markdown(
     return "\n".join(parts)
 
 
+def _counts(values) -> list[tuple[str, int]]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return sorted(out.items())
+
+
 def index_markdown(res: Results, sections: list[dict]) -> str:
     counts = {s: sum(r["status"] == s for r in res.records) for s in ("ok", "n/a", "failed")}
     parts = [
@@ -342,9 +355,16 @@ def index_markdown(res: Results, sections: list[dict]) -> str:
         "",
     ]
     for s in sections:
+        strong = s.get("strength")
         parts.append(
             f"- [{md_escape(s['scenario'])}]({s['scenario']}.md): {len(s['table'])} defense rows, "
             f"{len(s['meta'])} attack columns"
+            + (
+                f"; [attack strength]({s['scenario']}_attack_strength.csv) (RMIA vs the best single-signal attack "
+                f"on the undefended baseline: {', '.join(f'{n} {v}' for v, n in _counts(strong.verdict))})"
+                if strong is not None and len(strong)
+                else ""
+            )
         )
     parts += ["- [claims](claims.md)", "- [reported vs measured](reported_vs_measured.csv)", ""]
     return "\n".join(parts)

@@ -37,16 +37,19 @@ def paired_difference(
     key: object = "",
     transform: Transform | None = None,
     n_boot: int = N_BOOT,
+    variant_a: str | None = None,
+    variant_b: str | None = None,
 ) -> Estimate | None:
     """transform(a) - transform(b) on the candidates both rows scored, paired bootstrap; None when the rows
-    share no candidate ids (or the metric has no per-candidate statistic)."""
+    share no candidate ids (or the metric has no per-candidate statistic). ``variant_a`` / ``variant_b``: a kept
+    variant's per-candidate scores (``per_candidate.variants``) instead of the row's primary score."""
     stat = member_stat(metric)
     if stat is None:
         return None
     why = unresolvable(list(recs_a) + list(recs_b), metric)
     if why:
         return Estimate(math.nan, method="not reported", note=why)
-    groups = paired_groups(recs_a, recs_b)
+    groups = paired_groups(recs_a, recs_b, variant_a=variant_a, variant_b=variant_b)
     if groups is None:
         return None
     f = transform or (lambda x: x)

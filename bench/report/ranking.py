@@ -29,14 +29,20 @@ COLLAPSE = (
 VERDICT_TEXT = {-1: "less leakage", 0: "n.s.", 1: "more leakage"}
 
 
+def protocol_baseline(label: str, view: str) -> str:
+    """The undefended baseline of a row's protocol: lora for released models, fedsgd for FedSGD forms, else fedavg."""
+    name = label.split("(", 1)[0]
+    if view == "released_model":
+        return "lora"
+    return "fedsgd" if "form=fedsgd" in label or name == "fedsgd" else "fedavg"
+
+
 def baseline_for(label: str, view: str, labels: Iterable[str]) -> str | None:
-    """The undefended reference of a row: fedsgd for FedSGD forms, lora for released models, else fedavg."""
+    """The undefended reference of a row (``protocol_baseline``), None for a baseline itself or when absent."""
     name = label.split("(", 1)[0]
     if name == "base" or name in BASELINES and "(" not in label:
         return None
-    want = (
-        "lora" if view == "released_model" else ("fedsgd" if "form=fedsgd" in label or name == "fedsgd" else "fedavg")
-    )
+    want = protocol_baseline(label, view)
     return want if want in set(labels) else None
 
 

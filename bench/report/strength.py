@@ -1,0 +1,239 @@
+"""Attack strength on the undefended baseline, the [RMIA] positive control: per task and membership view of the
+baseline of its protocol (fedavg, fedsgd for FedSGD forms, lora for released models), does offline RMIA ([RMIA])
+beat the best single-signal attack in TPR at the lowest FPR the non-members support? Offline LiRA ([LiRA]) is
+shown beside it.
+
+Single-signal attacks: every configuration and score variant of loss_mia, max_renyi and gradient_mia, and the rmia
+record's ``neg_loss``. The best is the highest point TPR (ties: the one whose per-candidate scores are kept, so the
+difference pairs); choosing it on the evaluated candidates favours it, so ``RMIA stronger`` is conservative. The
+FPR is the lowest of ``bench.metrics.FPRS`` with >= 10 / FPR non-members in every seed (the gating of
+``bench.bootstrap.tpr_unreported``). RMIA minus the best is the paired bootstrap of ``bench.report.paired`` on the
+candidates and seeds both scored; a variant whose per-candidate scores the record did not keep falls back to the
+unpaired difference, and the note says so. Verdict: ``RMIA stronger`` (95% interval above 0), ``not stronger``
+(at or below 0), ``inconclusive`` otherwise; ``not measured`` without both sides or a supported FPR.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import pandas as pd
+
+from ..bootstrap import candidates, tpr_unreported
+from ..metrics import FPRS
+from .paired import paired_difference, unpaired_difference
+from .ranking import protocol_baseline
+from .results import BASELINES, VIEW_SHORT, Results
+from .stats import Estimate
+
+SINGLE_SIGNAL = ("loss_mia", "max_renyi", "gradient_mia")
+RMIA = "rmia"
+RMIA_SINGLE = ("neg_loss",)  # the rmia record's own single-signal score (minus the target's loss)
+LIRA = "lira_offline"
+STRONGER, NOT_STRONGER, INCONC, NOT_MEASURED = "RMIA stronger", "not stronger", "inconclusive", "not measured"
+COLUMNS = [
+    "preset",
+    "task",
+    "baseline",
+    "view",
+    "n_nonmembers",
+    "fpr",
+    "best_single",
+    "best_single.tpr",
+    "best_single.tpr.ci_low",
+    "best_single.tpr.ci_high",
+    "rmia_attack",
+    "rmia.tpr",
+    "rmia.tpr.ci_low",
+    "rmia.tpr.ci_high",
+    "lira_offline.tpr",
+    "lira_offline.tpr.ci_low",
+    "lira_offline.tpr.ci_high",
+    "difference",
+    "difference.ci_low",
+    "difference.ci_high",
+    "difference.method",
+    "paired",
+    "verdict",
+    "note",
+]
+
+
+@dataclass
+class Scorer:
+    """One score of one cell (one record per seed): its primary score (``variant`` None) or a named variant."""
+
+    label: str
+    variant: str | None
+    recs: list[dict]
+
+    @property
+    def name(self) -> str:
+        return self.label if self.variant is None else f"{self.label}:{self.variant}"
+
+    def estimate(self, res: Results, metric: str) -> Estimate | None:
+        return res.metric(self.recs, metric if self.variant is None else f"variants:{self.variant}:{metric}")
+
+    def pairable(self) -> bool:
+        """Every seed kept this score's per-candidate values with candidate ids."""
+        return all(candidates(r, self.variant) is not None for r in self.recs)
+
+
+def lowest_fpr(n_nonmembers: int | None, fprs: Sequence[float] = FPRS) -> float | None:
+    """The lowest FPR whose TPR is reported with ``n_nonmembers`` non-members (>= 10 / FPR), None if none is."""
+    ok = [f for f in fprs if n_nonmembers is not None and not tpr_unreported(f, n_nonmembers)]
+    return min(ok) if ok else None
+
+
+def verdict(d: Estimate | None) -> str:
+    """RMIA minus the best single-signal attack -> the column's verdict (module docstring)."""
+    if d is None or math.isnan(d.value):
+        return NOT_MEASURED
+    if not d.has_ci():
+        return INCONC
+    return STRONGER if d.lo > 0 else (NOT_STRONGER if d.hi <= 0 else INCONC)
+
+
+def nonmembers(rec: dict) -> int | None:
+    y = (rec.get("per_candidate") or {}).get("member")
+    return len(y) - int(sum(y)) if y else rec.get("n_nonmembers")
+
+
+def single_scorers(attack: str, label: str, recs: list[dict]) -> list[Scorer]:
+    """The single-signal scores of one cell: a single-signal attack's primary and variants, rmia's ``neg_loss``."""
+    names = set.intersection(*(set(r.get("variants") or {}) for r in recs))
+    primary = {r.get("primary") for r in recs}
+    if attack == RMIA:
+        return [Scorer(label, v, recs) for v in RMIA_SINGLE if v in names]
+    return [Scorer(label, None, recs)] + [Scorer(label, v, recs) for v in sorted(names - primary)]
+
+
+def _why_missing(recs: list[dict], attacks: Sequence[str], what: str) -> str:
+    bad = next((r for r in recs if r["attack"] in attacks and r["status"] != "ok"), None)
+    return f"no {what}" + (f" ({bad['status']}: {bad.get('reason') or ''})" if bad else "")
+
+
+def _put(row: dict, col: str, e: Estimate | None) -> None:
+    row[col] = e.value if e is not None else math.nan
+    row[f"{col}.ci_low"] = e.lo if e is not None else math.nan
+    row[f"{col}.ci_high"] = e.hi if e is not None else math.nan
+
+
+def strength_row(res: Results, key: tuple[str, str, str, str], recs: list[dict]) -> dict | None:
+    """The row of one (preset, task, baseline, view) from its rmia and single-signal records, None if none is ok."""
+    ok = [r for r in recs if r["status"] == "ok"]
+    if not ok:
+        return None
+    row: dict = dict(zip(("preset", "task", "baseline", "view"), key))
+    row.update({c: math.nan for c in COLUMNS[4:]} | {"best_single": "", "rmia_attack": "", "difference.method": ""})
+    row.update(paired=False, verdict=NOT_MEASURED, note="")
+    cells: dict[tuple[str, str], list[dict]] = {}
+    for r in ok:
+        cells.setdefault((r["attack"], r["attack_label"]), []).append(r)
+    counts = [n for r in ok if (n := nonmembers(r)) is not None]
+    n0 = min(counts) if counts else None
+    fpr = lowest_fpr(n0)
+    row["n_nonmembers"], row["fpr"] = (math.nan if n0 is None else n0), (math.nan if fpr is None else fpr)
+    if fpr is None:
+        row["note"] = tpr_unreported(max(FPRS), n0) if n0 is not None else "no non-member count"
+        return row
+    metric = f"tpr@{fpr:g}fpr"
+    singles = [s for (a, lab), rs in sorted(cells.items()) for s in single_scorers(a, lab, rs)]
+    scored = [(s, e) for s in singles if (e := s.estimate(res, metric)) is not None and not math.isnan(e.value)]
+    rmias = sorted(lab for a, lab in cells if a == RMIA)
+    notes = []
+    if len(rmias) > 1:
+        notes.append(f"rmia configurations {', '.join(rmias)}: {RMIA if RMIA in rmias else rmias[0]} shown")
+    rmia = cells[(RMIA, RMIA if RMIA in rmias else rmias[0])] if rmias else None
+    best = max(scored, key=lambda t: (t[1].value, t[0].pairable()), default=None)
+    if best is not None:
+        row["best_single"] = best[0].name
+        _put(row, "best_single.tpr", best[1])
+    if rmia is not None:
+        row["rmia_attack"] = rmia[0]["attack_label"]
+        _put(row, "rmia.tpr", res.metric(rmia, metric))
+        _put(row, "lira_offline.tpr", res.metric(rmia, f"variants:{LIRA}:{metric}"))
+    if rmia is None or best is None:
+        missing = [_why_missing(recs, (RMIA,), "rmia record")] if rmia is None else []
+        missing += [_why_missing(recs, SINGLE_SIGNAL, "single-signal record")] if best is None else []
+        row["note"] = "; ".join(notes + missing)
+        return row
+    s, e = best
+    d = None
+    if s.pairable():
+        d = paired_difference(rmia, s.recs, metric, key=("strength", *key, s.name), variant_b=s.variant)
+        if d is None:
+            notes.append("no shared candidate ids: unpaired")
+    else:
+        notes.append(f"per-candidate scores of {s.name} not kept: unpaired")
+    if d is None:
+        d = unpaired_difference(res.metric(rmia, metric), e)
+    if d is not None:
+        _put(row, "difference", d)
+        row["difference.method"], row["paired"] = d.method, d.method.startswith("paired")
+    row["verdict"], row["note"] = verdict(d), "; ".join(notes)
+    return row
+
+
+def strength_table(res: Results, scenario: str) -> pd.DataFrame:
+    """One row per (preset, task, undefended baseline, membership view) of ``scenario``, sorted."""
+    groups: dict[tuple[str, str, str, str], list[dict]] = {}
+    for r in res.select(scenario=scenario, kind="membership", status=None):
+        name, label = r["defense"], r["defense_label"]
+        if name not in BASELINES or "(" in label or protocol_baseline(label, r["view"]) != name:
+            continue
+        if r["attack"] in SINGLE_SIGNAL + (RMIA,):
+            groups.setdefault((r["preset"], r["task"], label, r["view"]), []).append(r)
+    rows = [row for k in sorted(groups) if (row := strength_row(res, k, groups[k])) is not None]
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _est(r, col: str) -> str:
+    v = r[col]
+    if isinstance(v, float) and math.isnan(v):
+        return "-"
+    e = Estimate(float(v), float(r[f"{col}.ci_low"]), float(r[f"{col}.ci_high"]))
+    if col != "difference":
+        return e.fmt()
+    return f"{e.value:+.3f}" + (f" [{e.lo:+.3f}, {e.hi:+.3f}]" if e.has_ci() else " (no interval)")
+
+
+def markdown(df: pd.DataFrame, scenario: str) -> str:
+    """The section of the scenario page (empty when the scenario has no row)."""
+    if df.empty:
+        return ""
+    from tabulate import tabulate
+
+    from .markdown import md_escape
+
+    presets = df.preset.nunique() > 1  # noqa: PD101 -- counts distinct presets of a small table
+    head = (["preset"] if presets else []) + ["task", "baseline/view", "non-members", "FPR", "best single-signal"]
+    head += ["its TPR", "RMIA TPR", "LiRA-offline TPR", "RMIA - best", "verdict", "note"]
+    rows = []
+    for _, r in df.iterrows():
+        fpr = "n/a" if math.isnan(r.fpr) else f"{r.fpr:.1%}".replace(".0%", "%")
+        n0 = "" if math.isnan(r.n_nonmembers) else f"{r.n_nonmembers:.0f}"
+        diff = _est(r, "difference") + ("" if r.paired or r["difference.method"] == "" else " (unpaired)")
+        cells = ([r.preset] if presets else []) + [r.task, f"{r.baseline}/{VIEW_SHORT.get(r.view, r.view)}", n0, fpr]
+        cells += [r.best_single or "-", _est(r, "best_single.tpr"), _est(r, "rmia.tpr"), _est(r, "lira_offline.tpr")]
+        cells += [diff, f"**{r.verdict}**", r.note]
+        rows.append([md_escape(c) for c in cells])
+    return "\n".join(
+        [
+            "## Attack strength on the undefended baseline: RMIA vs the best single-signal attack",
+            "",
+            "Per task and membership view of the undefended baseline of each protocol (fedavg, fedsgd for FedSGD "
+            "forms, lora for released models): TPR at the lowest FPR the non-members support (>= 10 / FPR per "
+            "seed) of the best single-signal attack (loss_mia, max_renyi, gradient_mia and their score variants, "
+            "rmia's `neg_loss`; highest point TPR), of RMIA and of offline LiRA, with 95% intervals, and RMIA minus "
+            "the best (paired bootstrap over the shared candidates and seeds; `(unpaired)` where a variant's "
+            "per-candidate scores were not kept). **RMIA stronger**: the difference's interval lies above 0; "
+            "**not stronger**: at or below 0; else **inconclusive**. The best is chosen on the same candidates, "
+            f"which favours it. CSV: `{md_escape(scenario)}_attack_strength.csv`.",
+            "",
+            tabulate(rows, headers=[md_escape(h) for h in head], tablefmt="github", disable_numparse=True),
+            "",
+        ]
+    )
