@@ -426,7 +426,9 @@ def _rename_asr(d: dict) -> dict:
 
 def probe_observations(task: Task, defense: Defense, seed: int) -> tuple[list[Observation], list[Any]]:
     """One batch-1 client update per reconstruction target, made by the defense's own client code
-    from the initial global model (the round-0 update the attacker intercepts)."""
+    from the initial global model (the round-0 update the attacker intercepts). Target i is always
+    ``task.recon_targets[i]`` sent alone by client 1000 + i with a generator seeded by (seed, i): the
+    targets never depend on the defense or its use of randomness."""
     api = task.api
     model0 = defense.setup(api.build_model(), api)
     names = tuple(task.shared_names(model0))
@@ -466,12 +468,31 @@ def probe_observations(task: Task, defense: Defense, seed: int) -> tuple[list[Ob
     return observations, targets
 
 
+def target_ids(task: Task) -> list[str]:
+    """Stable ids of ``task.recon_targets``, in order: the task's ``recon_ids``, else ``t:<position>``. The targets
+    depend on the task alone (not the defense or the seed), so rows of a task pair on these ids."""
+    n = len(task.recon_targets or [])
+    ids = [str(i) for i in task.recon_ids] if task.recon_ids is not None else [f"t:{i}" for i in range(n)]
+    if len(ids) != n or len(set(ids)) != n:
+        raise ValueError(f"task {task.id}: recon_ids must name its {n} reconstruction targets once each, got {ids}")
+    return ids
+
+
+def per_target(per: dict[str, list[float]], ids: list[str], primary: str = "ssim") -> dict:
+    """``per_candidate`` of a reconstruction record: target ids, the ``primary`` metric per target as the score,
+    the other per-target metrics as variants (the membership layout, without ``member``)."""
+    return {"id": ids, "score": per[primary], "variants": {k: v for k, v in per.items() if k != primary}}
+
+
 def run_reconstruction(
     task: Task, attack: Attack, probes: tuple[list[Observation], list[Any]], seed: int, artifact_dir: Path
 ) -> dict:
     observations, targets = probes
     if not targets:
         raise ValueError(f"task {task.id} has no reconstruction targets")
+    ids = target_ids(task)
+    if len(ids) != len(targets):
+        raise ValueError(f"{len(targets)} probed targets but task {task.id} names {len(ids)}")
     torch.manual_seed(seed)
     outs = [o for o in attack.run_batch(observations) if isinstance(o, Reconstructions)]
     if len(outs) != len(observations):
@@ -496,4 +517,11 @@ def run_reconstruction(
     from .figures import save_grid  # lazy: matplotlib (start-up)
 
     grid = save_grid(t01, r01, artifact_dir / "grid.png", title=f"{task.id} / {attack.name}", scores=per["ssim"])
-    return {"metrics": metrics, "per_sample": per, "artifacts": {"grid": grid}, "attack_notes": sorted(set(failed))}
+    return {
+        "metrics": metrics,
+        "per_sample": per,
+        "primary": "ssim",
+        "per_candidate": per_target(per, ids),  # rows pair on target ids (bench.report.targets)
+        "artifacts": {"grid": grid},
+        "attack_notes": sorted(set(failed)),
+    }

@@ -341,7 +341,7 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
     rec["cost"] = {**_costs(train, defense), "attack_wall_s": time.time() - t1}
     rec["utility"] = dict(train.utility) if train is not None else {}
     rec["privacy"] = _privacy(task, defense, train)
-    if rec.get("status") == "ok" and rec.get("per_candidate"):  # empirical epsilon audit (bench.audit)
+    if rec.get("status") == "ok" and cell.attack.kind == "membership" and rec.get("per_candidate"):  # bench.audit
         rec["privacy"]["epsilon_lower_bound"] = record_bound(
             rec["per_candidate"], delta=audit_delta(rec["privacy"].get("delta")), attack=rec["attack_label"]
         )

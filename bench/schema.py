@@ -60,17 +60,21 @@ class Roc(_Open):
 
 
 class PerCandidate(_Open):
+    """Membership: candidates' scores and ground truth. Reconstruction: targets' primary metric (``score``) and
+    other metrics (``variants``) by target id, no ``member``."""
+
     score: list[Finite]
-    member: list[Literal[0, 1]]
+    member: list[Literal[0, 1]] | None = None
     variants: dict[str, list[Finite]] = {}
     id: list[StrictStr] | None = None
 
     @model_validator(mode="after")
     def _lengths(self) -> PerCandidate:
         n = len(self.score)
-        lengths = {"member": len(self.member), **{f"variants.{k}": len(v) for k, v in self.variants.items()}}
-        if self.id is not None:
-            lengths["id"] = len(self.id)
+        lengths = {f"variants.{k}": len(v) for k, v in self.variants.items()}
+        for name in ("member", "id"):
+            if getattr(self, name) is not None:
+                lengths[name] = len(getattr(self, name))
         bad = {k: v for k, v in lengths.items() if v != n}
         if bad:
             raise ValueError(f"{len(self.score)} scores but lengths {bad}")
@@ -148,8 +152,8 @@ class Record(_Open):
         if self.status == "ok":
             if not self.metrics:
                 raise ValueError("status 'ok' needs metrics")
-            if self.attack_kind == "membership" and self.per_candidate is None:
-                raise ValueError("an ok membership record needs per_candidate")
+            if self.attack_kind == "membership" and (self.per_candidate is None or self.per_candidate.member is None):
+                raise ValueError("an ok membership record needs per_candidate with member")
         return self
 
 

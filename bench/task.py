@@ -53,6 +53,7 @@ class Task:
     utility: Callable[[nn.Module], dict[str, float]]
     nonmembers: Dataset | None = None  # held-out texts/images from the members' distribution
     recon_targets: Sequence[Any] | None = None  # (x, y) items the reconstruction probes send
+    recon_ids: Sequence[str] | None = None  # stable ids of recon_targets, aligned (None: their positions, t:<i>)
     central_data: Dataset | None = None  # the released-model setting trains on this
     central_epochs: int = 1
     max_membership: int = 64  # candidates per side (members / non-members) for MIA cells

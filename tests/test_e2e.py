@@ -1,4 +1,4 @@
-"""End-to-end smoke run of the real CLI on the image-classification slice (APRIL controls)."""
+"""End-to-end smoke runs of the real CLI on the image-classification slice (APRIL controls, paired rows)."""
 
 from __future__ import annotations
 
@@ -48,3 +48,24 @@ def test_cli_smoke_run_writes_records_and_leaderboards_and_resumes(tmp_path):
 
     assert again.returncode == 0
     assert f"0 ok, 0 n/a, 0 failed, {len(recs)} already done" in again.stdout
+
+
+def test_cli_smoke_reconstruction_rows_share_target_ids_and_compare_paired(tmp_path):
+    out = tmp_path / "out"
+    defenses = "fedavg,fixed_position,flrsp:R=0.8"
+    args = ("run", "--scenario", "image-cls", "--preset", "smoke", "--defense", defenses, "--attack", "april")
+
+    done = bench(*args, "--out", str(out), cwd=tmp_path)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    recs = [json.loads(p.read_text()) for p in (out / "records").glob("*/*.json")]
+    ids = {r["defense_label"]: r["per_candidate"]["id"] for r in recs if r["status"] == "ok"}
+    assert set(ids) == {"fedavg", "fixed_position", "flrsp(R=0.8)"}
+    assert ids["fedavg"] and all(v == ids["fedavg"] for v in ids.values())  # the same targets, by id
+    with open(out / "leaderboards" / "image-cls.csv") as f:
+        rows = {r["defense"]: r for r in csv.DictReader(f) if r["task"] == "image-cls/vit"}
+    for d in ("fixed_position", "flrsp(R=0.8)"):
+        assert rows[d]["april/client_update:ssim.vs_baseline.method"] == "paired", d
+    lines = (out / "leaderboards" / "claims.md").read_text().splitlines()
+    claim = next(line for line in lines if line.startswith("| papers/003 FLRSP") and "| smoke " in line)
+    assert "april/client_update" in claim and "(paired)" in claim and "(unpaired)" not in claim

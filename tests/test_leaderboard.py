@@ -52,6 +52,7 @@ def rec(
     variants=None,
     ids=True,
     score_seed=None,
+    targets=None,
 ):
     r = {
         "cell_id": re.sub(r"[^A-Za-z0-9_.-]", "_", f"{task}-{label or defense}-{attack_label or attack}-{view}-{seed}"),
@@ -96,6 +97,9 @@ def rec(
             per_sample={"ssim": list(ssim), "psnr": [10 + 10 * v for v in ssim]},
             metrics={"ssim": mean_ci(ssim, seed=seed), "psnr": mean_ci([10 + 10 * v for v in ssim], seed=seed)},
         )
+        if targets is not None:  # target ids, as bench.cells.per_target keeps them (older records have none)
+            r.update(primary="ssim", per_candidate={"id": list(targets), "score": list(ssim), "variants": {}})
+            r["per_candidate"]["variants"]["psnr"] = r["per_sample"]["psnr"]
     return r
 
 

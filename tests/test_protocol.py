@@ -1,6 +1,7 @@
 """The membership protocol (bench/cells.py): candidates drawn from the seed alone and shared by every
 defense, view and the base model; the attacker's aux split disjoint and handed only to attacks that use
-it; the client view pools every client's own members; ASR thresholds chosen on aux data."""
+it; the client view pools every client's own members; ASR thresholds chosen on aux data. Reconstruction
+targets are the task's, whatever the defense or seed, and records name them."""
 
 from __future__ import annotations
 
@@ -10,11 +11,20 @@ import numpy as np
 import pytest
 import torch
 
-from bench.cells import assign_nonmembers, best_threshold, run_membership, split_candidates
+from bench.cells import (
+    assign_nonmembers,
+    best_threshold,
+    probe_observations,
+    run_membership,
+    run_reconstruction,
+    split_candidates,
+    target_ids,
+)
 from bench.fl import run_federated
 from bench.runner import plan
-from bench.types import Public, Scores
+from bench.types import Public, Reconstructions, Scores
 from defenses.fedavg import FedAvg
+from defenses.fixed_position import FixedPosition
 from defenses.flrsp import FLRSP
 from tests.toy import ToyLossMIA, toy_task
 
@@ -168,3 +178,39 @@ def test_plan_runs_the_base_model_in_every_membership_view():
 
 def test_scores_calibration_field_defaults_empty():
     assert Scores({"s": torch.zeros(2)}).calibration == {}
+
+
+# ----------------------------------------------------------------------------------------------
+# reconstruction: the same targets for every defense and seed, named by stable ids
+
+
+@dataclass
+class _Blank:
+    """A reconstruction attack that returns blank images (the harness's bookkeeping only)."""
+
+    name = "blank"
+    kind = "reconstruction"
+
+    def run_batch(self, observations):
+        return [Reconstructions(torch.zeros(1, *o.api.image.input_shape)) for o in observations]
+
+
+def test_reconstruction_targets_and_their_ids_do_not_depend_on_the_defense_or_seed(tmp_path):
+    # arrange
+    from tests.conftest import smoke_tasks
+
+    task = next(t for t in smoke_tasks("image-cls") if t.variant == "vit")
+    defenses = (FedAvg(), FixedPosition(), FLRSP(R=0.5))
+    probes = {(d.name, seed): probe_observations(task, d, seed) for d in defenses for seed in (0, 1)}
+
+    # act
+    out = run_reconstruction(task, _Blank(), probes[("flrsp", 1)], 1, tmp_path)
+
+    # assert: one target list for every (defense, seed), named by the task's pinned ids, kept per target
+    ids = target_ids(task)
+    assert ids == list(task.config["recon_targets"]["items"]) and len(set(ids)) == len(ids) == len(task.recon_targets)
+    first = next(iter(probes.values()))[1]
+    assert all(len(t) == len(first) and all(_same(a, b) for a, b in zip(t, first)) for _, t in probes.values())
+    pc = out["per_candidate"]
+    assert pc["id"] == ids and out["primary"] == "ssim" and "member" not in pc
+    assert pc["score"] == out["per_sample"]["ssim"] and pc["variants"]["psnr"] == out["per_sample"]["psnr"]

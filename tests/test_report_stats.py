@@ -11,9 +11,10 @@ from bench.bootstrap import auroc_rows, paired_groups, paired_replicates, percen
 from bench.metrics import membership_metrics, membership_point
 from bench.report import reported
 from bench.report.leaderboards import write_leaderboards
-from bench.report.paired import difference, mde, paired_difference
+from bench.report.paired import difference, mde, paired_difference, unpaired_difference
 from bench.report.results import Results
 from bench.report.tables import scenario_table
+from bench.schema import validate
 from tests.test_leaderboard import rec, write
 
 # ----------------------------------------------------------------------------------------------
@@ -78,6 +79,80 @@ def test_without_candidate_ids_the_difference_is_unpaired_and_says_so(tmp_path):
     d = difference(res, a, b, "auroc", leak=False)
 
     assert d.method.startswith("unpaired") and d.lo > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# reconstruction rows paired on their target ids (bench.report.targets)
+
+TARGETS = [f"photo:{i}" for i in range(4)] + [f"client0:{i}" for i in range(8)]
+
+
+def _recon(defense: str, ssim, *, seed: int = 0, targets=TARGETS) -> dict:
+    return rec(
+        defense=defense, attack="ig", kind="reconstruction", view="client_update", seed=seed, ssim=ssim, targets=targets
+    )
+
+
+def test_a_reconstruction_row_minus_itself_is_zero_paired(tmp_path):
+    rng = np.random.default_rng(0)
+    res = write(tmp_path, [_recon("fedavg", rng.uniform(0, 1, 12).tolist(), seed=s) for s in range(3)])
+    recs = res.select(defense="fedavg")
+
+    d = difference(res, recs, recs, "ssim")
+
+    assert (d.value, d.lo, d.hi) == (0.0, 0.0, 0.0)
+    assert d.method == "paired bootstrap over seeds x 36 shared targets" and mde(d) == 0.0
+
+
+def test_reconstruction_rows_sharing_target_ids_are_paired_by_id(tmp_path):
+    # arrange: per-target difficulty shared by both rows; flrsp lists its targets in another order, plus one more
+    rng = np.random.default_rng(1)
+    recs = []
+    for s in range(2):
+        hard = rng.uniform(0.0, 0.8, 12)
+        recs.append(_recon("fedavg", (hard + 0.1).tolist(), seed=s))
+        order = rng.permutation(12)
+        mine = (hard + rng.normal(0, 0.01, 12))[order].tolist() + [0.99]
+        recs.append(_recon("flrsp", mine, seed=s, targets=[TARGETS[i] for i in order] + ["photo:extra"]))
+    res = write(tmp_path, recs)
+    a, b = res.select(defense="flrsp"), res.select(defense="fedavg")
+
+    # act
+    d, d_psnr = difference(res, a, b, "ssim"), difference(res, a, b, "psnr")
+    u = unpaired_difference(res.metric(a, "ssim"), res.metric(b, "ssim"))
+
+    # assert: aligned by id on the 12 shared targets of each seed; the unpaired interval cannot tell
+    assert d.method == d_psnr.method == "paired bootstrap over seeds x 24 shared targets"
+    assert d.value == pytest.approx(-0.1, abs=0.01) and d.hi < 0
+    assert d_psnr.value == pytest.approx(-1.0, abs=0.1) and d_psnr.hi < 0  # psnr from per_candidate.variants
+    assert u.lo < 0 < u.hi and d.hi - d.lo < (u.hi - u.lo) / 5
+
+
+def test_old_reconstruction_records_without_target_ids_compare_unpaired(tmp_path):
+    hi, lo = [0.9, 0.8, 0.7, 0.85], [0.3, 0.2, 0.1, 0.25]
+    cases = {
+        "old": (None, None),  # neither record names its targets (written before they were kept)
+        "mixed": (TARGETS[:4], None),
+        "disjoint": (TARGETS[:4], TARGETS[4:8]),
+    }
+    for name, (ta, tb) in cases.items():
+        res = write(tmp_path / name, [_recon("fedavg", hi, targets=ta), _recon("flrsp", lo, targets=tb)])
+        a, b = res.select(defense="flrsp"), res.select(defense="fedavg")
+
+        assert paired_difference(a, b, "ssim") is None, name
+        d = difference(res, a, b, "ssim")
+        assert d.method.startswith("unpaired") and d.hi < 0, name
+
+
+def test_the_schema_takes_reconstruction_target_ids_and_still_needs_members_for_membership():
+    good = {"schema_version": 1, **_recon("fedavg", [0.5, 0.6], targets=["t:0", "t:1"])}
+    short = {**good, "per_candidate": {**good["per_candidate"], "id": ["t:0"]}}
+    member = {"schema_version": 1, **rec()}
+    del member["per_candidate"]["member"]
+
+    assert validate(good) is None
+    assert "lengths {'id': 1}" in validate(short)
+    assert "needs per_candidate with member" in validate(member)
 
 
 # ----------------------------------------------------------------------------------------------

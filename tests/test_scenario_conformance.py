@@ -119,6 +119,9 @@ def check_typed_fields_agree_with_each_other(task) -> None:
         assert api.image.num_classes >= 2 and api.image.inversion_iterations >= 1
     if api.diffusion is not None:
         assert all(0 <= t < api.diffusion.num_timesteps for t in api.diffusion.eval_timesteps)
+    if task.recon_ids is not None:  # reconstruction rows pair on these ids: one per target, unique
+        n = len(task.recon_targets or [])
+        assert len(task.recon_ids) == len(set(task.recon_ids)) == n, f"{task.id}: recon_ids do not name {n} targets"
 
 
 def test_typed_fields_agree_with_each_other(tasks):
@@ -275,6 +278,15 @@ def test_the_toy_task_passes_the_checks():
 def test_a_broken_task_fails_its_check(check, broken, needle):
     with pytest.raises(AssertionError, match=needle):
         check(_toy(**broken))
+
+
+def test_reconstruction_target_ids_that_do_not_name_each_target_once_fail():
+    task = _toy()
+    item = task.client_data[0][0]
+    for ids in (["t:0"], ["t:0", "t:0"]):
+        broken = dataclasses.replace(task, recon_targets=[item, item], recon_ids=ids)
+        with pytest.raises(AssertionError, match="recon_ids do not name 2 targets"):
+            check_typed_fields_agree_with_each_other(broken)
 
 
 def test_client_items_among_the_nonmembers_fail():

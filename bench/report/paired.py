@@ -1,9 +1,10 @@
 """Differences between two leaderboard rows, paired where they can be.
 
 When both rows scored the same candidates (``per_candidate.id``) in the same seeds, the difference is bootstrapped
-with one resampling shared by both rows (seeds, then members and non-members: ``bench.bootstrap``), so the noise
-of drawing candidates cancels; a row minus itself is exactly [0, 0]. Without ids it falls back to the difference
-of independent replicates (unpaired, wider) and says so in ``method``.
+with one resampling shared by both rows (seeds, then members and non-members: ``bench.bootstrap``; reconstruction:
+seeds, then targets: ``bench.report.targets``), so the noise of drawing candidates cancels; a row minus itself is
+exactly [0, 0]. Without ids it falls back to the difference of independent replicates (unpaired, wider) and says
+so in ``method``.
 
 Minimum detectable effect (MDE) at this sample size: ``MDE_FACTOR`` x SE of the difference, SE the standard
 deviation of its bootstrap replicates (else the 95% interval's half-width / 1.96). 2.8 = z(0.975) + z(0.80) =
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..bootstrap import member_stat, paired_groups, paired_points, paired_replicates
 from .stats import N_BOOT, Estimate, _pct, _rng, leakage, unresolvable
+from .targets import paired_target_difference
 
 MDE_FACTOR = 2.8
 Transform = Callable[[np.ndarray], np.ndarray]
@@ -42,7 +44,11 @@ def paired_difference(
 ) -> Estimate | None:
     """transform(a) - transform(b) on the candidates both rows scored, paired bootstrap; None when the rows
     share no candidate ids (or the metric has no per-candidate statistic). ``variant_a`` / ``variant_b``: a kept
-    variant's per-candidate scores (``per_candidate.variants``) instead of the row's primary score."""
+    variant's per-candidate scores (``per_candidate.variants``) instead of the row's primary score. Reconstruction
+    rows pair on their target ids (``bench.report.targets``)."""
+    kinds = {r.get("attack_kind") for r in (*recs_a, *recs_b)}
+    if kinds == {"reconstruction"}:
+        return paired_target_difference(recs_a, recs_b, metric, key=key, transform=transform, n_boot=n_boot)
     stat = member_stat(metric)
     if stat is None:
         return None
@@ -83,16 +89,15 @@ def unpaired_difference(a: Estimate | None, b: Estimate | None) -> Estimate | No
 def difference(
     res, recs_a: Sequence[dict], recs_b: Sequence[dict], metric: str, *, leak: bool = True, key: object = ""
 ) -> Estimate | None:
-    """Row a minus row b in ``metric`` (its leakage when ``leak``): paired when the rows share candidate ids,
-    else unpaired from each row's own estimate (``method`` says which)."""
+    """Row a minus row b in ``metric`` (its leakage when ``leak``): paired when the rows share candidate (or
+    reconstruction target) ids, else unpaired from each row's own estimate (``method`` says which)."""
     if not recs_a or not recs_b:
         return None
     t = leak_transform(metric) if leak else None
-    d = (
-        paired_difference(recs_a, recs_b, metric, key=key, transform=t)
-        if recs_a[0].get("attack_kind") == "membership"
-        else None
-    )
+    kinds = {r.get("attack_kind") for r in (*recs_a, *recs_b)}
+    d = None
+    if kinds in ({"membership"}, {"reconstruction"}):
+        d = paired_difference(recs_a, recs_b, metric, key=key, transform=t)
     if d is not None:
         return d
     ea, eb = res.metric(recs_a, metric), res.metric(recs_b, metric)

@@ -628,6 +628,7 @@ def build(preset: str) -> list[Task]:
                 utility=functools.partial(evaluate, data=d.test),
                 nonmembers=d.nonmembers,
                 recon_targets=d.targets,
+                recon_ids=d.target_kinds,  # photo:<name> / client0:<index in the members' array>
                 max_membership=spec.max_membership,
                 config=config,
                 population=image_data.ImageDataset(

@@ -1,0 +1,88 @@
+"""Reconstruction rows paired on their targets.
+
+A reconstruction record keeps each target's metrics by target id (``per_candidate``: ``score`` is the record's
+``primary`` metric, the others are ``variants``; ``bench.cells.per_target``). Every defense and seed of a task
+attacks the same targets, so two rows' difference is bootstrapped with one resampling shared by both: seeds, then
+the shared targets of each drawn seed (the same indices for both rows). Records without target ids (written
+before they were kept) cannot be paired: None, and the caller falls back to the unpaired difference.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .stats import N_BOOT, Estimate, _pct, _rng
+
+ALIASES = {"label_acc": "label_correct"}  # a record metric -> its per-target values' name
+TargetGroup = tuple[np.ndarray, np.ndarray]  # one seed: row a's and row b's values on the shared targets
+
+
+def target_values(rec: dict, metric: str) -> dict[str, float] | None:
+    """{target id: value of ``metric``} of one reconstruction record, None without ids or values."""
+    pc = rec.get("per_candidate") or {}
+    name = ALIASES.get(metric, metric)
+    ids = pc.get("id")
+    vals = pc.get("score") if name == rec.get("primary") else (pc.get("variants") or {}).get(name)
+    if not ids or not vals or len(ids) != len(vals):
+        return None
+    return {str(i): float(v) for i, v in zip(ids, vals)}
+
+
+def target_groups(recs_a: Sequence[dict], recs_b: Sequence[dict], metric: str) -> list[TargetGroup] | None:
+    """Per seed both rows have, their values on the shared target ids (sorted); None when a record has no ids
+    or the rows share no seed with shared targets."""
+    by_a = {r.get("seed", 0): target_values(r, metric) for r in recs_a}
+    by_b = {r.get("seed", 0): target_values(r, metric) for r in recs_b}
+    groups: list[TargetGroup] = []
+    for seed in sorted(set(by_a) & set(by_b)):
+        a, b = by_a[seed], by_b[seed]
+        if a is None or b is None:
+            return None
+        shared = sorted(set(a) & set(b))
+        if shared:
+            groups.append((np.array([a[i] for i in shared]), np.array([b[i] for i in shared])))
+    return groups or None
+
+
+def target_replicates(groups: list[TargetGroup], rng: np.random.Generator, n_boot: int) -> tuple[np.ndarray, ...]:
+    """Both rows' mean (over drawn seeds, of the mean over drawn targets) under one shared resampling."""
+    k = len(groups)
+    seed_idx = rng.integers(0, k, size=(n_boot, k)) if k > 1 else np.zeros((n_boot, 1), dtype=int)
+    tot_a, tot_b = np.zeros(n_boot), np.zeros(n_boot)
+    for j in range(seed_idx.shape[1]):
+        for g in range(k):
+            rows = np.flatnonzero(seed_idx[:, j] == g)
+            if not len(rows):
+                continue
+            va, vb = groups[g]
+            i = rng.integers(0, len(va), (len(rows), len(va)))
+            tot_a[rows] += va[i].mean(1)
+            tot_b[rows] += vb[i].mean(1)
+    return tot_a / seed_idx.shape[1], tot_b / seed_idx.shape[1]
+
+
+def paired_target_difference(
+    recs_a: Sequence[dict],
+    recs_b: Sequence[dict],
+    metric: str,
+    *,
+    key: object = "",
+    transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    n_boot: int = N_BOOT,
+) -> Estimate | None:
+    """transform(mean a) - transform(mean b) on the targets both rows attacked, paired bootstrap; None when the
+    rows share no target ids."""
+    groups = target_groups(recs_a, recs_b, metric)
+    if groups is None:
+        return None
+    f = transform or (lambda x: x)
+    ra, rb = target_replicates(groups, _rng("paired-targets", key, metric), n_boot)
+    reps = f(ra) - f(rb)
+    lo, hi = _pct(reps)
+    pa, pb = np.mean([a.mean() for a, _ in groups]), np.mean([b.mean() for _, b in groups])
+    value = float(f(np.array([pa]))[0] - f(np.array([pb]))[0])
+    n = sum(len(a) for a, _ in groups)
+    seeds = "seeds x " if len(groups) > 1 else ""
+    return Estimate(value, lo, hi, len(groups), f"paired bootstrap over {seeds}{n} shared targets", reps)
