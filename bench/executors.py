@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import functools
 import multiprocessing as mp
 import os
 import queue
@@ -411,10 +412,10 @@ class RayExecutor:
         with self._lock:
             self._refs.add(ref)
         fut = ref.future()
-        fut.add_done_callback(lambda _, ref=ref: self._done(ref))
+        fut.add_done_callback(functools.partial(self._forget, ref))
         return fut
 
-    def _done(self, ref) -> None:
+    def _forget(self, ref, _fut: object = None) -> None:
         with self._lock:
             self._refs.discard(ref)  # holding a done task's ref would keep its outcome in the object store
 
