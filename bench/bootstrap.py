@@ -122,6 +122,18 @@ def candidates(rec: dict, variant: str | None = None) -> dict[str, tuple[float, 
     return {str(i): (float(s), int(m)) for i, s, m in zip(ids, sc, y)}
 
 
+def shared_by_seed(by_a: dict, by_b: dict) -> list[tuple[dict, dict, list[str]]] | None:
+    """Per seed both rows have (sorted): the two rows' {id: value} maps and their shared ids (sorted); None when
+    a record of a shared seed has no ids (the rows cannot be paired)."""
+    out = []
+    for seed in sorted(set(by_a) & set(by_b)):
+        a, b = by_a[seed], by_b[seed]
+        if a is None or b is None:
+            return None
+        out.append((a, b, sorted(set(a) & set(b))))
+    return out
+
+
 def paired_groups(
     recs_a: Sequence[dict], recs_b: Sequence[dict], *, variant_a: str | None = None, variant_b: str | None = None
 ) -> list[PairedGroup] | None:
@@ -129,12 +141,11 @@ def paired_groups(
     None when the rows cannot be paired (no ids, no shared seed, or no shared member / non-member)."""
     by_a = {r.get("seed", 0): candidates(r, variant_a) for r in recs_a}
     by_b = {r.get("seed", 0): candidates(r, variant_b) for r in recs_b}
+    seeds = shared_by_seed(by_a, by_b)
+    if seeds is None:
+        return None
     groups: list[PairedGroup] = []
-    for seed in sorted(set(by_a) & set(by_b)):
-        a, b = by_a[seed], by_b[seed]
-        if a is None or b is None:
-            return None
-        shared = sorted(set(a) & set(b))
+    for a, b, shared in seeds:
         mem = [i for i in shared if a[i][1] == 1 and b[i][1] == 1]
         non = [i for i in shared if a[i][1] == 0 and b[i][1] == 0]
         if not mem or not non:

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..bootstrap import shared_by_seed
 from .stats import N_BOOT, Estimate, _pct, _rng
 
 ALIASES = {"label_acc": "label_correct"}  # a record metric -> its per-target values' name
@@ -35,14 +36,10 @@ def target_groups(recs_a: Sequence[dict], recs_b: Sequence[dict], metric: str) -
     or the rows share no seed with shared targets."""
     by_a = {r.get("seed", 0): target_values(r, metric) for r in recs_a}
     by_b = {r.get("seed", 0): target_values(r, metric) for r in recs_b}
-    groups: list[TargetGroup] = []
-    for seed in sorted(set(by_a) & set(by_b)):
-        a, b = by_a[seed], by_b[seed]
-        if a is None or b is None:
-            return None
-        shared = sorted(set(a) & set(b))
-        if shared:
-            groups.append((np.array([a[i] for i in shared]), np.array([b[i] for i in shared])))
+    seeds = shared_by_seed(by_a, by_b)
+    if seeds is None:
+        return None
+    groups = [(np.array([a[i] for i in ids]), np.array([b[i] for i in ids])) for a, b, ids in seeds if ids]
     return groups or None
 
 
