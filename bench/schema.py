@@ -22,6 +22,9 @@ from pydantic import (
 )
 
 SCHEMA_VERSION = 1
+# Additive changes within schema 1 (new optional fields, relaxed requirements) bump the revision; a record carries
+# the revision of the code that wrote it. Revision 2: reconstruction per_candidate without ``member``.
+SCHEMA_REVISION = 2
 STATUSES = ("ok", "n/a", "failed")
 VIEWS = ("global_model", "client_model", "client_update", "released_model")
 
@@ -107,6 +110,7 @@ class Provenance(_Open):
 
 class Record(_Open):
     schema_version: Literal[1]
+    schema_revision: StrictInt | None = None  # None: written before revisions were recorded
     cell_id: FileName
     scenario: FileName
     task: StrictStr
@@ -167,6 +171,19 @@ def problems(err: ValidationError, *, limit: int = 4) -> str:
         parts.append(f"{loc}: {e['msg']}{shown}")
     more = err.error_count() - limit
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def newer_writer(record: Any) -> str | None:
+    """Why ``record`` comes from a newer version of the suite than this code (None if it does not): such a
+    record may be valid for its writer, so a reader that cannot read it leaves it in place."""
+    if not isinstance(record, dict):
+        return None
+    v, r = record.get("schema_version"), record.get("schema_revision")
+    if isinstance(v, int) and not isinstance(v, bool) and v > SCHEMA_VERSION:
+        return f"schema_version {v} (this code reads {SCHEMA_VERSION})"
+    if v == SCHEMA_VERSION and isinstance(r, int) and not isinstance(r, bool) and r > SCHEMA_REVISION:
+        return f"schema revision {r} (this code knows up to {SCHEMA_REVISION})"
+    return None
 
 
 def validate(record: Any) -> str | None:

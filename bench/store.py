@@ -16,7 +16,10 @@ Schema (``schema_version`` 1), documented in README.md "Result records":
 
 Every record is checked against the typed schema (bench/schema.py) when written and when read: an invalid
 file is moved to ``<out>/quarantine/<scenario>/<file>`` with ``<file>.reason.txt`` (never deleted), reported
-on stderr, and its cell counts as not done, so the next ``run`` redoes it.
+on stderr, and its cell counts as not done, so the next ``run`` redoes it. A record written by a newer version
+of the suite (higher ``schema_version``, or higher ``schema_revision`` within it) that this code cannot read is
+skipped and reported but left in place: an older checkout running on the same output directory must not
+quarantine what a newer one wrote.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Iterator
 
-from .schema import SCHEMA_VERSION, validate
+from .schema import SCHEMA_REVISION, SCHEMA_VERSION, newer_writer, validate
 
 FINISHED = ("ok", "n/a")
 
@@ -134,6 +137,7 @@ class Store:
         """The record at ``path`` when it is a valid schema-1 record of that file name, else None (the file
         is then quarantined and reported; skipped and reported in a read-only store)."""
         why: str | None
+        newer = None
         try:
             rec = json.loads(path.read_bytes())
         except FileNotFoundError:
@@ -144,11 +148,17 @@ class Store:
             if isinstance(rec, dict) and isinstance(rec.get("artifacts"), dict):  # records of earlier versions
                 rec["artifacts"] = {k: self.relative(v, legacy=True) for k, v in rec["artifacts"].items()}
             why = validate(rec)
+            newer = newer_writer(rec) if why is not None else None
             if why is None and (rec["scenario"], rec["cell_id"]) != (path.parent.name, path.stem):
                 why = f"record of {rec['scenario']}/{rec['cell_id']} stored as {path.parent.name}/{path.name}"
             if why is None:
                 return rec
-        if self.readonly:
+        if newer is not None:
+            print(  # noqa: T201
+                f"skipped record {path} written by a newer version of the suite, {newer} (left in place): {why}",
+                file=sys.stderr,
+            )
+        elif self.readonly:
             print(f"skipped invalid record {path} (left in place): {why}", file=sys.stderr)  # noqa: T201
         else:
             quarantine([path], self.quarantine_dir(path.parent.name), f"invalid record: {why}")
@@ -167,7 +177,7 @@ class Store:
         nothing); artifact paths are stored relative to the output directory."""
         if self.readonly:
             raise PermissionError(f"read-only store {self.out}: not writing a record")
-        record = {"schema_version": SCHEMA_VERSION, **record}
+        record = {"schema_version": SCHEMA_VERSION, **record, "schema_revision": SCHEMA_REVISION}
         if record.get("artifacts"):
             record["artifacts"] = {k: self.relative(v) for k, v in record["artifacts"].items()}
         record = jsonable(record)

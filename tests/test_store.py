@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bench import cachefile
-from bench.schema import validate
+from bench.schema import SCHEMA_REVISION, validate
 from bench.store import RecordInvalid, Store
 
 
@@ -142,6 +142,30 @@ def test_invalid_record_files_are_quarantined_with_the_reason(tmp_path, capsys, 
     assert "invalid record" in (tmp_path / "quarantine" / "toy" / f"{path.name}.reason.txt").read_text()
     assert f"quarantined {path}" in capsys.readouterr().err
     assert [r["cell_id"] for r in store.records()] == ["1111111111111111"]
+
+
+@pytest.mark.parametrize(
+    "over",
+    [{"schema_version": 2}, {"schema_revision": 99, "per_candidate": {"future_field_only": [1.0]}, "metrics": {}}],
+    ids=["newer schema version", "newer revision, unreadable here"],
+)
+def test_a_record_from_a_newer_version_of_the_suite_is_skipped_and_left_in_place(tmp_path, capsys, over):
+    store = Store(tmp_path)
+    path = store.record_path("toy", "0123456789abcdef")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record(**over)))
+
+    finished = store.finished("toy", "0123456789abcdef")
+
+    assert not finished and path.exists()  # not quarantined: an older checkout must not move a newer one's records
+    assert not (tmp_path / "quarantine").exists()
+    assert "newer version of the suite" in capsys.readouterr().err
+
+
+def test_written_records_carry_the_schema_revision(tmp_path):
+    path = Store(tmp_path).write(record())
+
+    assert json.loads(path.read_text())["schema_revision"] == SCHEMA_REVISION
 
 
 def test_a_folder_or_link_where_a_record_belongs_is_quarantined_and_the_cell_redone(tmp_path, capsys):
