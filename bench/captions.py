@@ -140,6 +140,31 @@ def caption(class_name: str, attrs: Attributes) -> str:
     return f"a {attrs.size} {attrs.tint} {class_name} {attrs.position}, {attrs.rotation}"
 
 
+# Annotator details: the part of a natural caption that the image does not determine (MSCOCO annotators mention
+# context, guesses and style the pixels do not fix). Drawn per image from its own generator and absent from the
+# canvas, a detail can only be known by a model that saw that image's caption: the member-specific content a
+# membership attack reads (~9.5 nats per caption over 6 x 12 x 16 x 12 combinations).
+DETAIL_PREPOSITIONS: tuple[str, ...] = ("beside", "next to", "near", "behind", "under", "in front of")
+DETAIL_ADJECTIVES: tuple[str, ...] = (
+    "wooden", "broken", "tiny", "old", "shiny", "striped", "dusty", "folded", "plastic", "velvet", "woven", "painted"
+)  # fmt: skip
+DETAIL_OBJECTS: tuple[str, ...] = (
+    "lamp", "chair", "suitcase", "mirror", "basket", "bicycle", "plant", "clock",
+    "ladder", "guitar", "window", "umbrella", "bucket", "pillow", "kettle", "bookshelf",
+)  # fmt: skip
+DETAIL_PLACES: tuple[str, ...] = (
+    "in the hallway", "at the market", "by the sea", "in a garden", "on a balcony", "in the attic",
+    "at a station", "in a kitchen", "on a rooftop", "in a shop window", "at the park", "in a bedroom",
+)  # fmt: skip
+
+
+def detail(rng: np.random.Generator) -> str:
+    """One annotator detail, e.g. ``"beside a wooden lamp in the hallway"`` (not visible in the image)."""
+    parts = (DETAIL_PREPOSITIONS, DETAIL_ADJECTIVES, DETAIL_OBJECTS, DETAIL_PLACES)
+    prep, adj, obj, place = (p[int(rng.integers(len(p)))] for p in parts)
+    return f"{prep} a {adj} {obj} {place}"
+
+
 def num_captions(num_classes: int = len(CLASS_NAMES)) -> int:
     """How many distinct captions the augmentation can produce."""
     return num_classes * len(SIZES) * len(POSITIONS) * len(ROTATIONS) * len(TINTS)

@@ -125,6 +125,30 @@ def test_captions_are_grounded_in_their_images(smoke):
     assert len(set(phrasing)) >= 4  # the training phrasing varies over images
 
 
+def test_annotator_details_end_the_training_caption_and_change_nothing_else():
+    from bench import captions as cap
+    from bench.scenarios.vlm_caption import caption_words, render_items
+
+    tok = vlm.word_tokenizer(vlm.prompt_words() + caption_words(detail=True))
+    layout = vlm.make_layout(tok, 4, 0)
+    images = np.random.default_rng(0).integers(0, 255, size=(40, 28, 28)).astype(np.uint8)
+    labels = np.arange(40) % 10
+    kw = dict(seed=0, split=1, canvas=32, tokenizer=tok, layout=layout, max_caption_tokens=40, source_index=range(40))
+
+    plain, detailed = render_items(images, labels, **kw), render_items(images, labels, detail=True, **kw)
+
+    details = set()
+    for a, b in zip(plain, detailed):
+        assert torch.equal(a["image"], b["image"]) and a["refs"] == b["refs"] and a["attrs"] == b["attrs"]
+        assert b["caption"].startswith(a["caption"] + ", ")  # the same phrasing, then the detail
+        details.add(b["caption"][len(a["caption"]) + 2 :])
+        assert parse_class(b["caption"]) == b["label"]  # still grounded
+    assert len(details) >= 35  # drawn per image from ~14k combinations
+    words = set(caption_words(detail=True))
+    assert all(w in words for d in details for w in d.split())
+    assert cap.detail(np.random.default_rng(1)) == cap.detail(np.random.default_rng(1))
+
+
 def test_members_nonmembers_test_are_disjoint_same_classes_and_clients_non_iid(smoke):
     members = [it for c in smoke.client_data for it in _items(c)]
     src = [{it["source_index"] for it in xs} for xs in (members, _items(smoke.nonmembers), _items(smoke.test_data))]

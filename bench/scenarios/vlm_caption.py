@@ -74,6 +74,9 @@ class Spec:
     tiny: dict = field(default_factory=dict)
     max_membership: int = 64
     central_epochs: int | None = None  # the released view's central LoRA epochs (None: fl.local_epochs)
+    # private (and population) captions end with an annotator detail (bench.captions.detail) the image does not
+    # show; projector-alignment captions never do
+    caption_detail: bool = False
     data_seed: int = 0
     model_seed: int = 0
     notes: dict = field(default_factory=dict)
@@ -125,7 +128,15 @@ SPECS: dict[str, Spec] = {
     # Budget: llm-text default's recipe (4 rounds x 1 local epoch, no step cap; LoRA r=16 on every linear layer,
     # AdamW 5e-3), where FedAvg's loss attack cleared AUROC 0.75 in both views. Client sizes 102 / 54 / 99 / 57:
     # 41 steps of batch 8 per round, 164 per training run, every member seen 4 times.
-    # NOT YET MEASURED for vlm-caption: the positive control has not been run at this budget (the session's
+    # Measured at this budget (session 2026-11-25, FedAvg seed 0, 250 + 250 candidates): the positive control FAILS
+    # with grounded captions alone: loss AUROC 0.527 global / 0.533 client, MaxRenyi 0.52 / 0.50 (the only
+    # member-specific content is which of 5 phrasings an image got, ~1.6 nats). More local epochs do not fix it:
+    # 3 local epochs per round (scratch run, loss attack on the global model): AUROC 0.505 after round 1, 0.532
+    # after round 2, while the mean caption loss fell 1.68 -> 0.85 (the model generalises the grounded words).
+    # Hence ``caption_detail``: every private caption ends with an annotator detail the image does not show
+    # (~9.5 nats, e.g. "beside a wooden lamp in the hallway"), as natural captions carry; fortunes (llm-text) leak
+    # at this recipe for the same reason. The control at this setting is read from the default leaderboard.
+    # Earlier note (before the measurement): the positive control has not been run at this budget (the session's
     # machine could not align the projector in time). Measured step cost (batch 8, 1 thread, machine at load
     # ~17 on 2 cores, so CPU time is inflated too): side 7 (87 tokens), r=16 on every linear: 16-18 s CPU,
     # 175-195 s wall; side 2 (~42 tokens), r=8 on q,v (the earlier default): 7.3-7.5 s CPU, 54-56 s wall, where a
@@ -159,6 +170,7 @@ SPECS: dict[str, Spec] = {
         encoder_size=224,
         max_membership=250,
         central_epochs=4,
+        caption_detail=True,
         # stage-1 alignment (batch 16, backward through the frozen LM; cached once per projector_key): ~13 min at
         # side 2 on a quiet machine; side 7 (87-token sequences) re-aligns: measured one step at 34.6 s CPU / 211 s
         # wall under load ~17 (~115 min CPU for 200 steps there); scaled as the training steps, ~30 min quiet
@@ -308,15 +320,20 @@ def render_items(
     layout: vlm.PromptLayout,
     max_caption_tokens: int,
     source_index: Sequence[int] | np.ndarray,
+    detail: bool = False,
 ) -> list[dict]:
     """Augment and caption each 28x28 image with its own generator (seed, split, source index): the training
-    caption is one of its :data:`TEMPLATES` phrasings, all of them are its references."""
+    caption is one of its :data:`TEMPLATES` phrasings, all of them are its references. ``detail``: the training
+    caption ends with an annotator detail (drawn after the rest, so images and phrasings are unchanged); the
+    references stay the grounded phrasings (the utility scores what the image shows)."""
     out = []
     for x28, y, src in zip(images, labels, source_index):
         rng = np.random.default_rng([seed, split, int(src)])
         x, a = cap.augment(x28, rng, canvas=canvas)
         refs = phrasings(cap.CLASS_NAMES[int(y)], a)
         text = refs[int(rng.integers(len(refs)))]
+        if detail:
+            text = f"{text}, {cap.detail(rng)}"
         ids, cmask = layout.encode(vlm.caption_token_ids(tokenizer, text), max_caption_tokens)
         out.append(
             {
@@ -336,7 +353,8 @@ def render_items(
 def _render(
     p: Spec, x: np.ndarray, y: np.ndarray, idx, *, split: int, tokenizer, layout: vlm.PromptLayout
 ) -> list[dict]:
-    """``render_items`` of the source images at ``idx`` with the preset's seed, canvas and caption length."""
+    """``render_items`` of the source images at ``idx`` with the preset's seed, canvas and caption length (split 1,
+    the private pool and the population, with the preset's annotator details; split 0, alignment, without)."""
     return render_items(
         x[idx],
         y[idx],
@@ -347,11 +365,13 @@ def _render(
         layout=layout,
         max_caption_tokens=p.max_caption_tokens,
         source_index=idx,
+        detail=p.caption_detail and split == 1,
     )
 
 
-def caption_words() -> list[str]:
-    """Every word the grounded captions use (the smoke tokenizer's vocabulary besides the prompt)."""
+def caption_words(detail: bool = False) -> list[str]:
+    """Every word the grounded captions use (the smoke tokenizer's vocabulary besides the prompt); ``detail``:
+    with the annotator details' words."""
     phrases = (
         [w for t in TEMPLATES for w in t.replace(",", " , ").split() if not w.startswith("{")]
         + list(cap.CLASS_NAMES)
@@ -360,6 +380,9 @@ def caption_words() -> list[str]:
         + list(cap.POSITIONS)
         + list(cap.ROTATIONS)
     )
+    if detail:
+        phrases += [",", "a"]
+        phrases += [*cap.DETAIL_PREPOSITIONS, *cap.DETAIL_ADJECTIVES, *cap.DETAIL_OBJECTS, *cap.DETAIL_PLACES]
     return [w for ph in phrases for w in ph.split()]
 
 
@@ -399,7 +422,7 @@ def effnet_smollm2_name(p: Spec) -> str:
 def _encoder_and_lm(p: Spec) -> tuple[vlm.FrozenEncoder, Callable[[], nn.Module], Any, dict[str, Any]]:
     """(frozen encoder, factory of fresh base LMs, tokenizer, what to record in the task config)."""
     if p.model == "tiny":
-        tok = vlm.word_tokenizer(vlm.prompt_words() + caption_words())
+        tok = vlm.word_tokenizer(vlm.prompt_words() + caption_words(p.caption_detail))
         make = lambda: llm.tiny_llama(tok, p.model_seed, **p.tiny)  # noqa: E731
         return vlm.TinyCNN(p.model_seed), make, tok, _model_record(p, len(tok))
     if p.model == "effnet-smollm2":
@@ -433,7 +456,8 @@ def _task_record(p: Spec, model_cfg: dict[str, Any]) -> dict[str, Any]:
             "trained_in_fl": p.train_projector,
             "spec": projector_spec(p, model_cfg["model"]),
         },
-        "data": "fashion-mnist test split (Debian dataset-fashion-mnist), grounded captions",
+        "data": "fashion-mnist test split (Debian dataset-fashion-mnist), grounded captions"
+        + (" + annotator details (bench.captions.detail)" if p.caption_detail else ""),
         "canvas": p.canvas,
     }
 
@@ -637,7 +661,7 @@ def _declared_config(preset: str) -> dict[str, Any]:
     splits = stratified_split(src.test_y, [s / n for s in sizes], seed=p.data_seed)
     labels = [int(y) for y in src.test_y[sorted(splits[0])]]
     parts = split_clients(labels, p.fl.num_clients, p.fl.dirichlet_alpha, seed=p.data_seed)
-    vocab = len(vlm.word_vocab(vlm.prompt_words() + caption_words())) if p.model == "tiny" else None
+    vocab = len(vlm.word_vocab(vlm.prompt_words() + caption_words(p.caption_detail))) if p.model == "tiny" else None
     model_cfg = _task_record(p, _model_record(p, vocab))
     return _assemble_config(p, model_cfg, (len(splits[0]), len(splits[1]), len(splits[2])), [len(c) for c in parts])
 
