@@ -484,6 +484,11 @@ def per_target(per: dict[str, list[float]], ids: list[str], primary: str = "ssim
     return {"id": ids, "score": per[primary], "variants": {k: v for k, v in per.items() if k != primary}}
 
 
+RANDOM_IMAGE_STREAM = 0x52414E44  # the random-image control's generator stream, beside the cell seed
+# what a reconstruction record's negative control is (Cell.expected: records without it are redone)
+RANDOM_IMAGE_CONTROL = "ssim_random: SSIM of uniform random images against the same targets"
+
+
 def run_reconstruction(
     task: Task, attack: Attack, probes: tuple[list[Observation], list[Any]], seed: int, artifact_dir: Path
 ) -> dict:
@@ -506,6 +511,9 @@ def run_reconstruction(
         raise ValueError(f"task {task.id} declares no image spec (api.image): reconstructions cannot be scored")
     r01, t01 = to_unit(recon, list(image.mean), list(image.std)), to_unit(truth, list(image.mean), list(image.std))
     per = reconstruction_metrics(r01, t01)
+    # negative control: uniform random images scored against the same targets (bench.controls, reconstruction)
+    noise = np.random.default_rng([seed, RANDOM_IMAGE_STREAM]).random(t01.shape)
+    per["ssim_random"] = reconstruction_metrics(noise, t01)["ssim"]
     metrics = {k: mean_ci(v, seed=seed) for k, v in per.items()}
     labels = [o.labels for o in outs if o.labels is not None]
     if labels:

@@ -8,6 +8,11 @@ default configuration): the strongest membership attack (highest AUROC of its pr
 candidates has its lower end >= ``GAP_MIN`` (paired bootstrap over seeds and shared candidate ids; unpaired
 when the records carry no ids, and the result says so). The base model is scored in the global view only; a
 client or released view is compared with it on the candidates both scored.
+
+Reconstruction (:func:`reconstruction_controls`), per task x reconstruction attack x undefended form (``fedsgd``,
+``fedavg``): the attack's SSIM must lie clearly above that of uniform random images on the same targets (the
+negative control every reconstruction record carries); a claim's reconstruction clause against a baseline that
+fails or lacks this control is ``inconclusive``, never ``contradicted``.
 """
 
 from __future__ import annotations
@@ -133,6 +138,66 @@ def positive_controls(records: Iterable[dict]) -> list[Control]:
     return out
 
 
+# ----------------------------------------------------------------------------------------------
+# reconstruction: the undefended baseline's reconstructions against uniform random images on the same targets
+
+SSIM_GAP_MIN = 0.10
+RECON_BASELINES = ("fedsgd", "fedavg")  # both undefended forms: a defense is compared with its own form
+NOT_CHECKED = "not checked"
+
+
+def reconstruction_controls(records: Iterable[dict]) -> list[Control]:
+    """One ``Control`` per (preset, task, reconstruction attack, undefended baseline, view): passed when the 95%
+    interval of the attack's SSIM minus the SSIM of uniform random images on the same targets (the record's
+    ``ssim_random``, bench.cells) has its lower end >= ``SSIM_GAP_MIN`` (paired per target; bootstrap over seeds,
+    then targets). Records without ``ssim_random`` (written before it was kept) give a control ``not checked``."""
+    ok = [
+        r
+        for r in records
+        if r.get("status") == "ok"
+        and r.get("attack_kind") == "reconstruction"
+        and r.get("defense") in RECON_BASELINES
+        and _bare(r)
+    ]
+    out = []
+    keys = sorted({(r.get("preset", ""), r["task"], r["attack_label"], r["defense"], r["view"]) for r in ok})
+    for preset, task, attack, baseline, view in keys:
+        recs = [
+            r
+            for r in ok
+            if (r.get("preset", ""), r["task"], r["attack_label"], r["defense"], r["view"])
+            == (preset, task, attack, baseline, view)
+        ]
+        head = dict(task=task, preset=preset, view=view, baseline=baseline, attack=attack)
+        groups = []
+        for r in sorted(recs, key=lambda r: r.get("seed", 0)):
+            pc = r.get("per_candidate") or {}
+            s, z = pc.get("score"), (pc.get("variants") or {}).get("ssim_random")
+            if s and z and len(s) == len(z):
+                groups.append(np.asarray(s, float) - np.asarray(z, float))
+        if not groups:
+            why = f"{NOT_CHECKED}: no random-image control (ssim_random) in the records; re-run the cells"
+            out.append(Control(**head, passed=False, reason=why))
+            continue
+        rng = np.random.default_rng(zlib.crc32(f"{preset}|{task}|{attack}|{baseline}|{view}".encode()))
+
+        def draw(g, b, r):
+            return g[r.integers(0, len(g), (b, len(g)))].mean(1)
+
+        gap = float(np.mean([g.mean() for g in groups]))
+        lo = percentile_interval(hierarchical(groups, draw, rng, N_BOOT))[0]
+        passed = lo >= SSIM_GAP_MIN
+        reason = (
+            f"{attack} SSIM minus random images' on the same targets {gap:+.3f}, interval lower end {lo:+.3f} "
+            f"{'>=' if passed else '<'} {SSIM_GAP_MIN} ({len(groups)} seed(s) x {len(groups[0])} targets)"
+        )
+        out.append(Control(**head, passed=passed, reason=reason, gap=gap, gap_lo=lo, paired=True))
+    return out
+
+
 def failures(records: Iterable[dict]) -> list[str]:
-    """Warning lines for the tasks whose baseline fails its positive control (empty when all pass)."""
-    return [c.line() for c in positive_controls(records) if not c.passed]
+    """Warning lines for the tasks whose baseline fails its positive control (empty when all pass), membership
+    and reconstruction (a reconstruction control that could not be checked is not a failure line)."""
+    records = list(records)
+    recon = [c for c in reconstruction_controls(records) if not c.passed and not c.reason.startswith(NOT_CHECKED)]
+    return [c.line() for c in positive_controls(records) if not c.passed] + [c.line() for c in recon]

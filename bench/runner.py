@@ -21,7 +21,7 @@ import torch
 
 from .accounting import privacy_record
 from .audit import audit_delta, record_bound
-from .cells import probe_observations, run_membership, run_reconstruction
+from .cells import RANDOM_IMAGE_CONTROL, probe_observations, run_membership, run_reconstruction
 from .device import autocast, precision_of
 from .params import check_privacy
 from .progress import REPORT_S, progress_bar, unit_progress
@@ -66,10 +66,13 @@ class Cell:
     def expected(self) -> dict[str, Any]:
         """Record fields a finished record must match besides the id: the resolved parameters (the id holds
         labels, which omit defaults, so a changed default makes an earlier record stale and the cell is redone)."""
-        return {
+        out: dict[str, Any] = {
             "defense_params": params_of(self.defense) if self.defense else {},
             "attack_params": params_of(self.attack),
         }
+        if self.attack.kind == "reconstruction":  # records from before the random-image control are redone
+            out["negative_control"] = RANDOM_IMAGE_CONTROL
+        return out
 
     def skeleton(self) -> dict[str, Any]:
         return {

@@ -6,7 +6,8 @@ Schema (``schema_version`` 1), documented in README.md "Result records":
   metrics {name: {value, ci_low, ci_high}}, variants {score name: {metric: value}} (membership),
   per_sample {metric: [values per image]} (reconstruction), roc {fpr, tpr},
   per_candidate {score, member, variants {score name: [scores]} for the attack's kept variants, id} (membership;
-  reconstruction: {id, score (the ``primary`` metric, ssim), variants {metric: [values per target]}}, no member),
+  reconstruction: {id, score (the ``primary`` metric, ssim), variants {metric: [values per target], ssim_random (the
+  negative control)}}, no member), negative_control (reconstruction),
   utility {name: value},
   privacy {epsilon, epsilon_composed, delta, sample_rate, note, epsilon_lower_bound {value, confidence, delta,
   attack, ...} (membership: the empirical audit, bench/audit.py)},

@@ -469,8 +469,10 @@ def _claim_records(*, composed=5.0, ref_accuracy=0.6, num_classes=None):
                 view="client_update",
                 ssim=ssim,
                 utility={"accuracy": acc, **extra},
+                targets=[f"t:{i}" for i in range(len(ssim))],
             )
         )
+        recs[-1]["per_candidate"]["variants"]["ssim_random"] = [0.01, 0.02, 0.0, 0.01]  # the negative control
     return recs
 
 

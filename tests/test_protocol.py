@@ -214,3 +214,5 @@ def test_reconstruction_targets_and_their_ids_do_not_depend_on_the_defense_or_se
     pc = out["per_candidate"]
     assert pc["id"] == ids and out["primary"] == "ssim" and "member" not in pc
     assert pc["score"] == out["per_sample"]["ssim"] and pc["variants"]["psnr"] == out["per_sample"]["psnr"]
+    # the negative control: random images scored on the same targets, near SSIM 0 (bench.controls)
+    assert len(pc["variants"]["ssim_random"]) == len(ids) and abs(out["metrics"]["ssim_random"]["value"]) < 0.1

@@ -156,6 +156,54 @@ def test_the_schema_takes_reconstruction_target_ids_and_still_needs_members_for_
 
 
 # ----------------------------------------------------------------------------------------------
+# reconstruction control: the undefended baseline's SSIM against random images' on the same targets
+
+
+def _recon_ctrl(defense: str, ssim, noise, *, seed: int = 0) -> dict:
+    r = _recon(defense, ssim, seed=seed)
+    if noise is not None:
+        r["per_candidate"]["variants"]["ssim_random"] = list(noise)
+    return r
+
+
+def test_reconstruction_control_passes_fails_or_is_not_checked():
+    rng = np.random.default_rng(0)
+    noise = [rng.uniform(0.0, 0.02, 12).tolist() for _ in range(3)]
+    clear = [_recon_ctrl("fedsgd", (np.array(z) + 0.4).tolist(), z, seed=s) for s, z in enumerate(noise)]
+    faint = [
+        _recon_ctrl("fedavg", (np.array(z) + rng.normal(0.03, 0.05, 12)).tolist(), z, seed=s)
+        for s, z in enumerate(noise)
+    ]
+    old = [_recon_ctrl("fedsgd", [0.9] * 12, None, seed=0) | {"task": "sc/b"}]
+
+    out = {(c.task, c.baseline): c for c in controls.reconstruction_controls(clear + faint + old)}
+
+    assert out[("sc/a", "fedsgd")].passed and out[("sc/a", "fedsgd")].gap == pytest.approx(0.4)
+    assert not out[("sc/a", "fedavg")].passed and "< 0.1" in out[("sc/a", "fedavg")].reason
+    assert not out[("sc/b", "fedsgd")].passed and out[("sc/b", "fedsgd")].reason.startswith("not checked")
+    assert controls.failures(clear + faint + old) == [out[("sc/a", "fedavg")].line()]  # not checked: no warning
+
+
+def test_a_reconstruction_clause_against_a_baseline_at_random_level_is_inconclusive_not_contradicted(tmp_path):
+    from bench.report.clauses import leakage_comparisons
+
+    rng = np.random.default_rng(1)
+    recs = []
+    for s in range(3):
+        z = rng.uniform(0.0, 0.02, 12)
+        recs.append(_recon_ctrl("fedavg", (z + 0.01).tolist(), z.tolist(), seed=s))  # the attack does not work
+        recs.append(_recon_ctrl("flrsp", (z + 0.2).tolist(), z.tolist(), seed=s))  # "leaks more": noise, not evidence
+    res = write(tmp_path, recs)
+
+    (clause, *_rest) = leakage_comparisons(
+        res, "sc", "smoke", "flrsp", "fedavg", views=("client_update",), kind="reconstruction", effect=0.1
+    )
+
+    assert clause["verdict"] == "inconclusive"
+    assert "reconstruction control FAILED" in clause["text"]
+
+
+# ----------------------------------------------------------------------------------------------
 # positive control (bench.controls: pure numpy, the harness may call it)
 
 

@@ -170,6 +170,19 @@ def leakage_comparisons(
         v, m = leakage_clause(d, effect)
         how = "paired" if d is not None and d.method.startswith("paired") else "unpaired"
         dtxt = d.fmt() if d is not None else "n/a"
+        gate = ""
+        if kind == "reconstruction":  # an attack that does not reconstruct on the baseline shows nothing
+            c = res.recon_control(preset, task, alabel, ref.split(":")[0], view)
+            if c is None or not c.passed:
+                v = INCONC if v in (HOLDS, CONTRA) else v
+                why = (
+                    "not checked"
+                    if c is None
+                    else c.reason
+                    if c.reason.startswith("not checked")
+                    else f"FAILED: {c.reason}"
+                )
+                gate = f"; {ref}'s reconstruction control {why} -> {v}"
         out.append(
             {
                 "verdict": v,
@@ -177,7 +190,7 @@ def leakage_comparisons(
                 "effect": effect,
                 "mde": m,
                 "text": f"{task} {alabel}/{view}: {metric} {ea.fmt()} vs {ref} {eb.fmt()}; leakage difference "
-                f"{dtxt} ({how}), MDE {m:.3g} vs claimed effect {effect:.3g} -> {v}",
+                f"{dtxt} ({how}), MDE {m:.3g} vs claimed effect {effect:.3g}" + (gate or f" -> {v}"),
             }
         )
         u = utility_clause(res, a[key], b[key], util_rule, ref)

@@ -245,6 +245,16 @@ def control_banner(res: Results, table: pd.DataFrame) -> list[str]:
                 f"claims are `inconclusive`. {md_escape(txt[len('failed: ') :])}"
             )
             out.append("")
+    tasks = set(table.get("task", []))
+    for c in sorted(res.recon_control_list(), key=lambda c: (c.task, c.attack, c.baseline)):
+        if c.task in tasks and not c.passed:
+            out.append(
+                f"> **Reconstruction control {'not checked' if c.reason.startswith('not checked') else 'failed'} for "
+                f"{md_escape(c.task)} {md_escape(c.attack)} against {md_escape(c.baseline)} ({md_escape(c.preset)})**: "
+                f"the undefended baseline's reconstructions are not clearly above random images, so a defense "
+                f"cannot be shown to stop this attack; its claim clauses are `inconclusive`. {md_escape(c.reason)}"
+            )
+            out.append("")
     return out
 
 

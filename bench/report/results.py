@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..controls import Control, positive_controls
+from ..controls import Control, positive_controls, reconstruction_controls
 from ..store import Store, current_config
 from .stats import Estimate, clipped, membership_estimate, sample_estimate, seed_estimate, unresolvable
 
@@ -105,6 +105,7 @@ class Results:
         )
         self._memo: dict[tuple, Estimate | None] = {}
         self._controls: dict[tuple[str, str], list[Control]] | None = None
+        self._recon_controls: dict[tuple[str, ...], Control] | None = None
 
     def controls(self) -> dict[tuple[str, str], list[Control]]:
         """The positive controls (``bench.controls``) per (preset, task), computed once."""
@@ -113,6 +114,18 @@ class Results:
             for c in positive_controls(self.records):
                 self._controls.setdefault((c.preset, c.task), []).append(c)
         return self._controls
+
+    def recon_control(self, preset: str, task: str, attack_label: str, baseline: str, view: str) -> Control | None:
+        """The reconstruction control (``bench.controls``) of that baseline's cell, None when it has no ok record."""
+        if self._recon_controls is None:
+            self._recon_controls = {
+                (c.preset, c.task, c.attack, c.baseline, c.view): c for c in reconstruction_controls(self.records)
+            }
+        return self._recon_controls.get((preset, task, attack_label, baseline, view))
+
+    def recon_control_list(self) -> list[Control]:
+        self.recon_control("", "", "", "", "")  # computes them once
+        return list((self._recon_controls or {}).values())
 
     def control_text(self, preset: str, task: str) -> str:
         """``passed``, ``failed: <reasons>``, or ``not checked`` (no membership cell of an undefended baseline)."""
