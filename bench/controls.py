@@ -46,9 +46,12 @@ class Control:
     gap: float = float("nan")
     gap_lo: float = float("nan")
     paired: bool = False
+    kind: str = "membership"
 
     def line(self) -> str:
         where = f"{self.task} [{self.preset}] {self.baseline} {self.view}"
+        if self.kind == "reconstruction":
+            where += f" {self.attack} (reconstruction)"
         return f"{where}: {'passed' if self.passed else 'FAILED'} ({self.reason})"
 
 
@@ -168,7 +171,7 @@ def reconstruction_controls(records: Iterable[dict]) -> list[Control]:
             if (r.get("preset", ""), r["task"], r["attack_label"], r["defense"], r["view"])
             == (preset, task, attack, baseline, view)
         ]
-        head = dict(task=task, preset=preset, view=view, baseline=baseline, attack=attack)
+        head = dict(task=task, preset=preset, view=view, baseline=baseline, attack=attack, kind="reconstruction")
         groups = []
         for r in sorted(recs, key=lambda r: r.get("seed", 0)):
             pc = r.get("per_candidate") or {}
