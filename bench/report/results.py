@@ -117,15 +117,18 @@ class Results:
 
     def recon_control(self, preset: str, task: str, attack_label: str, baseline: str, view: str) -> Control | None:
         """The reconstruction control (``bench.controls``) of that baseline's cell, None when it has no ok record."""
+        return self._recon().get((preset, task, attack_label, baseline, view))
+
+    def recon_control_list(self) -> list[Control]:
+        return list(self._recon().values())
+
+    def _recon(self) -> dict[tuple[str, ...], Control]:
+        """The reconstruction controls by (preset, task, attack, baseline, view), computed once."""
         if self._recon_controls is None:
             self._recon_controls = {
                 (c.preset, c.task, c.attack, c.baseline, c.view): c for c in reconstruction_controls(self.records)
             }
-        return self._recon_controls.get((preset, task, attack_label, baseline, view))
-
-    def recon_control_list(self) -> list[Control]:
-        self.recon_control("", "", "", "", "")  # computes them once
-        return list((self._recon_controls or {}).values())
+        return self._recon_controls
 
     def control_text(self, preset: str, task: str) -> str:
         """``passed``, ``failed: <reasons>``, or ``not checked`` (no membership cell of an undefended baseline)."""
