@@ -161,25 +161,37 @@ def paired_groups(
     return groups or None
 
 
-def paired_replicates(
-    groups: list[PairedGroup], stat: Stat, rng: np.random.Generator, n_boot: int
+def paired_hierarchical(
+    groups: list[Any], draw, rng: np.random.Generator, n_boot: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Replicates of both rows' statistic (mean over drawn seeds) under one shared resampling: seeds, then the
-    members and the non-members of each drawn seed (the same indices for both rows)."""
+    """Replicates of two rows under one shared resampling: seeds (the same for both rows), then ``draw(group,
+    n_rows, rng) -> (row a's values, row b's values)`` within each drawn seed; the mean over drawn seeds."""
     k = len(groups)
     seed_idx = rng.integers(0, k, size=(n_boot, k)) if k > 1 else np.zeros((n_boot, 1), dtype=int)
     tot_a, tot_b = np.zeros(n_boot), np.zeros(n_boot)
     for j in range(seed_idx.shape[1]):
         for g in range(k):
             rows = np.flatnonzero(seed_idx[:, j] == g)
-            if not len(rows):
-                continue
-            pa, na, pb, nb = groups[g]
-            i = rng.integers(0, len(pa), (len(rows), len(pa)))
-            m = rng.integers(0, len(na), (len(rows), len(na)))
-            tot_a[rows] += stat(pa[i], na[m])
-            tot_b[rows] += stat(pb[i], nb[m])
+            if len(rows):
+                va, vb = draw(groups[g], len(rows), rng)
+                tot_a[rows] += va
+                tot_b[rows] += vb
     return tot_a / seed_idx.shape[1], tot_b / seed_idx.shape[1]
+
+
+def paired_replicates(
+    groups: list[PairedGroup], stat: Stat, rng: np.random.Generator, n_boot: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Replicates of both rows' statistic (mean over drawn seeds) under one shared resampling: seeds, then the
+    members and the non-members of each drawn seed (the same indices for both rows)."""
+
+    def draw(group: PairedGroup, n: int, r: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        pa, na, pb, nb = group
+        i = r.integers(0, len(pa), (n, len(pa)))
+        m = r.integers(0, len(na), (n, len(na)))
+        return stat(pa[i], na[m]), stat(pb[i], nb[m])
+
+    return paired_hierarchical(groups, draw, rng, n_boot)
 
 
 def paired_points(groups: list[PairedGroup], stat: Stat) -> tuple[float, float]:

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..bootstrap import shared_by_seed
+from ..bootstrap import paired_hierarchical, shared_by_seed
 from .stats import N_BOOT, Estimate, _pct, _rng
 
 ALIASES = {"label_acc": "label_correct"}  # a record metric -> its per-target values' name
@@ -45,19 +45,13 @@ def target_groups(recs_a: Sequence[dict], recs_b: Sequence[dict], metric: str) -
 
 def target_replicates(groups: list[TargetGroup], rng: np.random.Generator, n_boot: int) -> tuple[np.ndarray, ...]:
     """Both rows' mean (over drawn seeds, of the mean over drawn targets) under one shared resampling."""
-    k = len(groups)
-    seed_idx = rng.integers(0, k, size=(n_boot, k)) if k > 1 else np.zeros((n_boot, 1), dtype=int)
-    tot_a, tot_b = np.zeros(n_boot), np.zeros(n_boot)
-    for j in range(seed_idx.shape[1]):
-        for g in range(k):
-            rows = np.flatnonzero(seed_idx[:, j] == g)
-            if not len(rows):
-                continue
-            va, vb = groups[g]
-            i = rng.integers(0, len(va), (len(rows), len(va)))
-            tot_a[rows] += va[i].mean(1)
-            tot_b[rows] += vb[i].mean(1)
-    return tot_a / seed_idx.shape[1], tot_b / seed_idx.shape[1]
+
+    def draw(group: TargetGroup, n: int, r: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        va, vb = group
+        i = r.integers(0, len(va), (n, len(va)))
+        return va[i].mean(1), vb[i].mean(1)
+
+    return paired_hierarchical(groups, draw, rng, n_boot)
 
 
 def paired_target_difference(
