@@ -143,11 +143,5 @@ class MaxRenyi(Attack):
             scores.update(part_scores(part, signals[part], alphas=self.alphas, ks=self.ks, mod_alphas=self.mod_alphas))
         part = self.choose_part(parts, signals)
         primary = f"maxrenyi_K{self.primary_k}_a{alpha_name(self.primary_alpha)}_{part}"
-        # [FedRand] Table 4's scores (MaxRenyi-0% and -10% on every slice) keep their per-candidate values
-        keep = tuple(
-            n
-            for n in (f"maxrenyi_K{k}_a{alpha_name(self.primary_alpha)}_{p}" for p in parts for k in (0, 10))
-            if n in scores
-        )
         tokens = slice_tokens({p: signals[p] for p in parts})  # what K% of each slice means, for the record
-        return Scores(scores, primary=primary, keep=keep, details={"slice_tokens": tokens})
+        return Scores(scores, primary=primary, details={"slice_tokens": tokens})

@@ -147,4 +147,4 @@ class RMIA(Attack):
             "rmia": {"gamma": self.gamma, "a": self.a, "n_z": len(z)},
             "lira_offline": {"global_variance": self.lira_global_variance or len(refs) < 2},
         }
-        return Scores(scores, primary="rmia", keep=("lira_offline",), details=details)
+        return Scores(scores, primary="rmia", details=details)

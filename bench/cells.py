@@ -300,7 +300,7 @@ def run_membership(
     nonmembers = task.nonmembers
     assert nonmembers is not None  # membership_parts checked
     item = lambda c: pool[c[1]] if c[0] == "m" else nonmembers[c[1]]  # noqa: E731
-    primary, keep = "", cast("tuple[str, ...]", ())
+    primary = ""
     details: dict[str, Any] = {}  # Scores.details per scoring model (client view: per client)
     for part in parts:
         cands = [("m", i) for i in part.members] + [("n", i) for i in part.nonmembers]
@@ -318,7 +318,7 @@ def run_membership(
                 raise ValueError(f"score {name!r} has shape {s.shape}, expected ({len(at)},)")
             arrays.setdefault(name, np.full(n_all, np.nan))[at] = s
         seen[at] = True
-        primary, keep = out.primary, out.keep
+        primary = out.primary
         if out.details:
             details["all" if part.client is None else str(part.client)] = out.details
         thresholds[at] = _aux_threshold(attack, out, obs, part, pool, task, seed, uses_aux)
@@ -333,10 +333,10 @@ def run_membership(
     metrics = _rename_asr(metrics)
     if np.isfinite(thresholds[idx]).all():
         metrics["asr_aux"] = aux_threshold_asr(arrays[primary], y, thresholds[idx], seed=seed)
-    # Per-candidate primary scores, ground truth and ids (seeds pool, rows pair on ids); the kept variants'
-    # scores too (their intervals: e.g. [FedRand] Table 4's MaxRenyi-0% / -10% per slice).
+    # Per-candidate primary scores, ground truth and ids (seeds pool, rows pair on ids); every other score
+    # variant's too, so any two scores compare paired on the same candidates (attack strength, [FedRand] Table 4).
     per_candidate = {"score": [float(v) for v in arrays[primary]], "member": [int(v) for v in y], "id": ids}
-    kept = {k: [float(v) for v in arrays[k]] for k in keep if k != primary}
+    kept = {k: [float(v) for v in arrays[k]] for k in arrays if k != primary}
     if kept:
         per_candidate["variants"] = kept
     clients = [p.client for p in parts if p.client is not None]

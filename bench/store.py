@@ -5,7 +5,7 @@ Schema (``schema_version`` 1), documented in README.md "Result records":
   attack_label, attack_kind, view, seed, status ("ok" | "n/a" | "failed"), reason,
   metrics {name: {value, ci_low, ci_high}}, variants {score name: {metric: value}} (membership),
   per_sample {metric: [values per image]} (reconstruction), roc {fpr, tpr},
-  per_candidate {score, member, variants {score name: [scores]} for the attack's kept variants, id} (membership;
+  per_candidate {score, member, variants {score name: [scores]} for every score but the primary, id} (membership;
   reconstruction: {id, score (the ``primary`` metric, ssim), variants {metric: [values per target], ssim_random (the
   negative control)}}, no member), negative_control (reconstruction),
   utility {name: value},

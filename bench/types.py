@@ -296,7 +296,6 @@ class Scores:
 
     scores: dict[str, Tensor]  # several named score variants (e.g. MaxRenyi-K%% for each alpha, K)
     primary: str = ""
-    keep: tuple[str, ...] = ()  # further variants whose per-candidate scores the record keeps (for intervals)
     # score name -> (aux members' scores, aux non-members' scores) on attacker data the attack did not fit
     # on (e.g. cross-validated): the harness picks the ASR threshold there (metrics.asr_aux), never on the
     # evaluation candidates
@@ -310,7 +309,7 @@ class Scores:
             raise ValueError("Scores needs at least one score vector")
         if not self.primary:
             self.primary = next(iter(self.scores))
-        unknown = [k for k in (self.primary, *self.keep) if k not in self.scores]
+        unknown = [k for k in (self.primary,) if k not in self.scores]
         if unknown:
             raise ValueError(f"Scores: {unknown} are not among the score names {sorted(self.scores)}")
 

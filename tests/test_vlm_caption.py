@@ -600,11 +600,11 @@ def test_table4_bootstraps_a_kept_variant_over_candidates_for_one_seed():
     assert math.isnan(row["MaxRenyi-0% image ci_low"])
 
 
-def test_scores_reject_a_kept_name_that_is_not_a_score():
+def test_scores_reject_a_primary_name_that_is_not_a_score():
     from bench.types import Scores
 
     with pytest.raises(ValueError, match="not among the score names"):
-        Scores({"a": torch.zeros(2)}, keep=("b",))
+        Scores({"a": torch.zeros(2)}, primary="b")
 
 
 def test_a_killed_projector_alignment_resumes_to_the_same_projector(smoke, tmp_path):

@@ -86,7 +86,7 @@ class ToyLossMIA(Attack):
     def run(self, obs, candidates):
         with torch.no_grad():
             neg = -obs.api.per_sample_loss(obs.model, obs.api.collate(candidates))
-        return Scores({"neg_loss": neg, "neg_loss_x2": 2 * neg}, keep=("neg_loss_x2",))
+        return Scores({"neg_loss": neg, "neg_loss_x2": 2 * neg})
 
 
 @dataclass

@@ -8,8 +8,9 @@ record's ``neg_loss``. The best is the highest point TPR (ties: the one whose pe
 difference pairs); choosing it on the evaluated candidates favours it, so ``RMIA stronger`` is conservative. The
 FPR is the lowest of ``bench.metrics.FPRS`` with >= 10 / FPR non-members in every seed (the gating of
 ``bench.bootstrap.tpr_unreported``). RMIA minus the best is the paired bootstrap of ``bench.report.paired`` on the
-candidates and seeds both scored; a variant whose per-candidate scores the record did not keep falls back to the
-unpaired difference, and the note says so. Verdict: ``RMIA stronger`` (95% interval above 0), ``not stronger``
+candidates and seeds both scored; a variant whose per-candidate scores the record did not keep (records
+before 2026-11-25 kept only some) falls back to the unpaired difference, and the note says so. Verdict:
+``RMIA stronger`` (95% interval above 0), ``not stronger``
 (at or below 0), ``inconclusive`` otherwise; ``not measured`` without both sides or a supported FPR.
 """
 
