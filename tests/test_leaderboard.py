@@ -411,12 +411,59 @@ def _fedrand_records(fedrand_strength, fedrand_loss, *, base_strength=0.0, fedra
 def test_fedrand_claim_verdict_follows_the_intervals_utility_power_and_control(tmp_path, kw, verdict):
     res = write(tmp_path, _fedrand_records(**kw))
 
-    rows = [c for c in claims.evaluate(res) if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text"]
+    rows = [c for c in _paper_rows(res) if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text"]
 
     assert [c["verdict"] for c in rows] == [verdict], rows[0]["evidence"]
     assert rows[0]["preset"] == "smoke" and rows[0]["effect"] == f"{claims.FEDRAND_EFFECT:.3g}" and rows[0]["mde"]
     vlm = [c for c in claims.evaluate(res) if c["paper"].startswith("papers/000") and c["scenario"] == "vlm-caption"]
     assert vlm[0]["verdict"] == "not measured"
+
+
+def _paper_rows(res):
+    """The claims checked with each paper's own attacks (the ``strongest:`` re-checks left out)."""
+    return [c for c in claims.evaluate(res) if c["attacks"].startswith("paper")]
+
+
+def test_a_membership_claim_is_rechecked_with_the_strongest_attack_side_by_side(tmp_path):
+    # arrange: FedRand's claim holds under MaxRenyi; RMIA separates FedRand's members as well as FedAvg's
+    recs = _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.05)
+    for d in ("fedavg", "fedrand"):
+        for s in range(2):
+            recs.append(
+                rec(
+                    scenario="llm-text",
+                    task="llm-text",
+                    defense=d,
+                    attack="rmia",
+                    view="client_model",
+                    strength=2.0,
+                    seed=s,
+                    utility={"test_loss": 3.0 if d == "fedavg" else 3.05},
+                )
+            )
+    recs += [
+        rec(scenario="llm-text", task="llm-text", defense="base", attack="rmia", strength=0.0, seed=s) for s in (0, 1)
+    ]
+    res = write(tmp_path, recs)
+
+    rows = {
+        c["attacks"]: c
+        for c in claims.evaluate(res)
+        if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text"
+    }
+
+    assert set(rows) == {"paper: max_renyi", "strongest: rmia"}
+    assert rows["paper: max_renyi"]["verdict"] == "holds" and "rmia" not in rows["paper: max_renyi"]["evidence"]
+    assert rows["strongest: rmia"]["verdict"] == "contradicted", rows["strongest: rmia"]["evidence"]
+    assert "max_renyi" not in rows["strongest: rmia"]["evidence"]
+    # without reference-model records the re-check says so
+    flrsp = [c for c in claims.evaluate(res) if c["paper"].startswith("papers/003")]
+    assert [c["attacks"] for c in flrsp] == ["paper"] * len(flrsp)
+    vlm = [c for c in claims.evaluate(res) if c["paper"].startswith("papers/000") and c["scenario"] == "vlm-caption"]
+    assert {c["attacks"]: c["verdict"] for c in vlm} == {
+        "paper: max_renyi": "not measured",
+        "strongest: rmia": "not measured",
+    }
 
 
 def _claim_records(*, composed=5.0, ref_accuracy=0.6, num_classes=None):
@@ -479,7 +526,7 @@ def _claim_records(*, composed=5.0, ref_accuracy=0.6, num_classes=None):
 def test_smp_lora_and_dp_fedlora_and_flrsp_claims(tmp_path):
     res = write(tmp_path, _claim_records())
 
-    got = {(c["paper"].split()[0], c["scenario"]): c for c in claims.evaluate(res)}
+    got = {(c["paper"].split()[0], c["scenario"]): c for c in _paper_rows(res)}
 
     for k in (("papers/004", "ldm-t2i"), ("papers/002", "llm-text"), ("papers/003", "image-cls")):
         assert got[k]["verdict"] == "holds", got[k]["evidence"]
@@ -491,7 +538,7 @@ def test_smp_lora_and_dp_fedlora_and_flrsp_claims(tmp_path):
 def test_a_dp_claim_with_a_meaningless_epsilon_holds_only_nominally(tmp_path):
     res = write(tmp_path, _claim_records(composed=5.2e3))
 
-    got = {(c["paper"].split()[0], c["scenario"]): c for c in claims.evaluate(res)}
+    got = {(c["paper"].split()[0], c["scenario"]): c for c in _paper_rows(res)}
 
     assert got[("papers/002", "llm-text")]["verdict"] == "holds only nominally"
     assert "only nominal" in got[("papers/002", "llm-text")]["evidence"]
@@ -501,7 +548,7 @@ def test_comparable_accuracy_at_chance_is_inconclusive(tmp_path):
     # FedSGD and FLRSP at 0.17 / 0.15 on 10 classes: both at chance, "comparable accuracy" means nothing
     res = write(tmp_path, _claim_records(ref_accuracy=0.12, num_classes=10))
 
-    got = {(c["paper"].split()[0], c["scenario"]): c for c in claims.evaluate(res)}
+    got = {(c["paper"].split()[0], c["scenario"]): c for c in _paper_rows(res)}
 
     assert got[("papers/003", "image-cls")]["verdict"] == "inconclusive"
     assert "at chance" in got[("papers/003", "image-cls")]["evidence"]
@@ -513,7 +560,7 @@ def test_a_missing_utility_key_is_reported_not_dropped(tmp_path):
         r["utility"] = {"n_generated": 4.0}
     res = write(tmp_path, recs)
 
-    got = {(c["paper"].split()[0], c["scenario"]): c for c in claims.evaluate(res)}
+    got = {(c["paper"].split()[0], c["scenario"]): c for c in _paper_rows(res)}
 
     assert got[("papers/004", "ldm-t2i")]["verdict"] == "not measured"
     assert "could not evaluate: KeyError" in got[("papers/004", "ldm-t2i")]["evidence"]

@@ -11,6 +11,10 @@ holds. Verdict of a claim per scenario and preset: ``not measured`` (no records 
 ``inconclusive`` if the task's undefended baseline fails its positive control (``bench.controls``) or any
 clause is inconclusive and none contradicted; ``contradicted`` if any clause is; ``holds`` if all do; a DP
 claim whose composed epsilon exceeds ``MEANINGFUL_EPSILON`` only ``holds only nominally``.
+
+A membership claim is checked twice, side by side ([RMIA] issue): with the attacks of its paper (``paper:``
+rows) and with the strongest attack the suite has, reference-model membership inference (``strongest:`` rows,
+``STRONGEST``): a defense that stops only weak attacks is not a defense.
 """
 
 from __future__ import annotations
@@ -37,16 +41,27 @@ from .clauses import (
 from .results import Results
 from .stats import differs
 
-COLUMNS = ["paper", "claim", "scenario", "preset", "verdict", "effect", "mde", "evidence"]
+COLUMNS = ["paper", "claim", "scenario", "preset", "attacks", "verdict", "effect", "mde", "evidence"]
 CLAIMS: list[dict] = []
+STRONGEST = ("rmia",)  # the re-check of every membership claim: offline RMIA (LiRA-offline is its variant)
 
 
-def claim(paper: str, scenarios: tuple[str, ...], text: str) -> Callable:
-    def deco(fn: Callable[[Results, str, str], list[dict]]) -> Callable:
-        CLAIMS.append({"paper": paper, "scenarios": scenarios, "claim": text, "check": fn})
+def claim(paper: str, scenarios: tuple[str, ...], text: str, *, attacks: tuple[str, ...] | None) -> Callable:
+    """Register a check ``fn(res, scenario, preset, attacks)``; ``attacks``: the membership attacks of the
+    paper's own evaluation (re-checked with ``STRONGEST``), None for a reconstruction claim (checked once)."""
+
+    def deco(fn: Callable[[Results, str, str, tuple[str, ...]], list[dict]]) -> Callable:
+        CLAIMS.append({"paper": paper, "scenarios": scenarios, "claim": text, "check": fn, "attacks": attacks})
         return fn
 
     return deco
+
+
+def _passes(c: dict) -> list[tuple[str, tuple[str, ...]]]:
+    """(label, attacks) of each check of claim ``c``: the paper's attacks, then the strongest for membership."""
+    if c["attacks"] is None:
+        return [("paper", ())]
+    return [("paper: " + ", ".join(c["attacks"]), c["attacks"]), ("strongest: " + ", ".join(STRONGEST), STRONGEST)]
 
 
 def verdict(clauses: list[dict], *, control_failed: str = "") -> str:
@@ -70,11 +85,11 @@ def evaluate(res: Results) -> list[dict]:
     """One row per claim x scenario x preset (``not measured`` rows where a scenario has no records)."""
     out = []
     for c in CLAIMS:
-        for scenario in c["scenarios"]:
+        for scenario, (which, attacks) in ((s, p) for s in c["scenarios"] for p in _passes(c)):
             presets = sorted({r["preset"] for r in res.records if r["scenario"] == scenario})
             for preset in presets or [""]:
                 try:
-                    clauses = c["check"](res, scenario, preset) if preset else []
+                    clauses = c["check"](res, scenario, preset, attacks) if preset else []
                 except (KeyError, ValueError) as e:
                     clauses, note = [], f"could not evaluate: {type(e).__name__}: {e}"
                 else:
@@ -96,6 +111,7 @@ def evaluate(res: Results) -> list[dict]:
                         "claim": c["claim"],
                         "scenario": scenario,
                         "preset": preset or "-",
+                        "attacks": which,
                         "verdict": v,
                         "effect": "; ".join(sorted({f"{x['effect']:.3g}" for x in effects})),
                         "mde": "; ".join(f"{x['mde']:.3g}" for x in effects),
@@ -119,7 +135,10 @@ def markdown(rows: list[dict], audits: list[dict] | None = None) -> str:
         "",
         "Whether the reference-model attack is the stronger one on each undefended baseline (the [RMIA] positive "
         "control: RMIA minus the best single-signal attack in TPR at the lowest FPR the non-members support, "
-        "paired) is the attack-strength section of each scenario page and `<scenario>_attack_strength.csv`.",
+        "paired) is the attack-strength section of each scenario page and `<scenario>_attack_strength.csv`. "
+        "Each membership claim has two rows, side by side: `paper: ...` checks it with the attacks of its paper, "
+        "`strongest: rmia` with offline RMIA on the same cells (a defense that stops only weak attacks is not a "
+        "defense); `not measured` where the reference-model cells have not been run.",
         "",
     ]
     if rows:
@@ -163,8 +182,9 @@ def markdown(rows: list[dict], audits: list[dict] | None = None) -> str:
     "papers/003 FLRSP",
     ("image-cls",),
     "FLRSP gives lower reconstruction SSIM than standard FL (FedSGD / FedAvg) at comparable accuracy",
+    attacks=None,
 )
-def flrsp_claim(res: Results, scenario: str, preset: str) -> list[dict]:
+def flrsp_claim(res: Results, scenario: str, preset: str, attacks: tuple[str, ...]) -> list[dict]:
     labels = sorted(
         {
             r["defense_label"]
@@ -196,17 +216,11 @@ def flrsp_claim(res: Results, scenario: str, preset: str) -> list[dict]:
     ("llm-text", "vlm-caption"),
     "FedRand's reconstructed client models leak less to MaxRényi-K% membership inference than FedAvg's "
     "(client view) at comparable utility",
+    attacks=("max_renyi",),
 )
-def fedrand_claim(res: Results, scenario: str, preset: str) -> list[dict]:
+def fedrand_claim(res: Results, scenario: str, preset: str, attacks: tuple[str, ...]) -> list[dict]:
     return leakage_comparisons(
-        res,
-        scenario,
-        preset,
-        "fedrand",
-        "fedavg",
-        views=("client_model",),
-        attack_prefix="max_renyi",
-        effect=FEDRAND_EFFECT,
+        res, scenario, preset, "fedrand", "fedavg", views=("client_model",), attacks=attacks, effect=FEDRAND_EFFECT
     )
 
 
@@ -230,12 +244,25 @@ def _near_chance(res: Results, task: str, alabel: str, view: str, recs: list[dic
     "papers/004 SMP-LoRA",
     ("ldm-t2i",),
     "SMP-LoRA brings membership ASR and AUC near 0.5 (less leakage than LoRA) with a smaller utility loss than MP-LoRA",
+    attacks=("loss_mia", "gradient_mia"),  # [SMP-LoRA] s.4 / App. E (loss-based) and App. G (gradient-based)
 )
-def smp_lora_claim(res: Results, scenario: str, preset: str) -> list[dict]:
+def smp_lora_claim(res: Results, scenario: str, preset: str, attacks: tuple[str, ...]) -> list[dict]:
     out = leakage_comparisons(
-        res, scenario, preset, "smp_lora", "lora", views=("released_model",), util_rule="none", effect=SMP_LORA_EFFECT
+        res,
+        scenario,
+        preset,
+        "smp_lora",
+        "lora",
+        views=("released_model",),
+        attacks=attacks,
+        util_rule="none",
+        effect=SMP_LORA_EFFECT,
     )
+    if not any(r["attack"] in attacks for r in res.select(scenario=scenario, preset=preset, defense="smp_lora")):
+        return []  # nothing measured with these attacks
     for (task, alabel, view), recs in sorted(_cells(res, scenario, preset, "smp_lora", kind="membership").items()):
+        if alabel.split("(")[0] not in attacks:
+            continue
         for metric in ("auroc", "asr_aux"):  # ASR calibrated on the attacker's data, never the oracle threshold
             out.append(_near_chance(res, task, alabel, view, recs, metric))
     smp = res.select(scenario=scenario, preset=preset, defense="smp_lora")
@@ -272,10 +299,22 @@ def _epsilon(recs: list[dict], key: str) -> float | None:
     ("llm-text",),
     "DP-FedLoRA gives a formal (epsilon, delta) guarantee and less membership leakage than FedAvg "
     "with a modest utility loss",
+    attacks=("loss_mia", "max_renyi", "gradient_mia"),  # the paper runs none: the suite's single-signal attacks
 )
-def dp_fedlora_claim(res: Results, scenario: str, preset: str) -> list[dict]:
+def dp_fedlora_claim(res: Results, scenario: str, preset: str, attacks: tuple[str, ...]) -> list[dict]:
     recs = res.select(scenario=scenario, preset=preset, defense="dp_fedlora")
-    if not recs:
+    leak = leakage_comparisons(
+        res,
+        scenario,
+        preset,
+        "dp_fedlora",
+        "fedavg",
+        views=("global_model", "client_model"),
+        attacks=attacks,
+        util_rule="modest",
+        effect=DEFAULT_AUROC_EFFECT,
+    )
+    if not any(r["attack"] in attacks for r in recs):  # nothing measured with these attacks
         return []
     tasks = tuple(sorted({r["task"] for r in recs}))
     eps, comp = _epsilon(recs, "epsilon"), _epsilon(recs, "epsilon_composed")
@@ -293,14 +332,4 @@ def dp_fedlora_claim(res: Results, scenario: str, preset: str) -> list[dict]:
             + f": {'meaningful' if meaningful else 'only nominal'} (meaningful: composed <= {MEANINGFUL_EPSILON:g})"
         )
         out = [{"verdict": HOLDS, "nominal": not meaningful, "tasks": tasks, "text": txt}]
-    out += leakage_comparisons(
-        res,
-        scenario,
-        preset,
-        "dp_fedlora",
-        "fedavg",
-        views=("global_model", "client_model"),
-        util_rule="modest",
-        effect=DEFAULT_AUROC_EFFECT,
-    )
-    return out
+    return out + leak

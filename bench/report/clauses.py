@@ -151,16 +151,17 @@ def leakage_comparisons(
     *,
     views: tuple[str, ...],
     effect: float,
-    attack_prefix: str = "",
+    attacks: tuple[str, ...] = (),
     kind: str = "membership",
     util_rule: str = "comparable",
 ) -> list[dict]:
-    """``mine`` leaks less than ``ref`` by ``effect`` in each shared cell (paired), with the utility clause."""
+    """``mine`` leaks less than ``ref`` by ``effect`` in each shared cell (paired), with the utility clause;
+    ``attacks``: only the cells of these attack names (all where empty)."""
     a, b = _cells(res, scenario, preset, mine, kind=kind), _cells(res, scenario, preset, ref, kind=kind)
     out = []
     for key in sorted(set(a) & set(b)):
         task, alabel, view = key
-        if view not in views or not alabel.startswith(attack_prefix):
+        if view not in views or (attacks and alabel.split("(")[0] not in attacks):
             continue
         metric = "auroc" if kind == "membership" else "ssim"
         ea, eb = res.metric(a[key], metric), res.metric(b[key], metric)
