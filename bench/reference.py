@@ -10,7 +10,8 @@ clients as the target's data is: an IID target's draw is cut into chunks of the 
 Dirichlet(alpha) target's (``FLConfig.dirichlet_alpha``) is split by the same ``bench.fl.split_clients`` and
 alpha over the population items' labels, seeded by the reference's own seed. Central recipe (released model):
 one set of the central training size. The client view's reference model is the reference run's client of the
-same index: one client's local training under the same protocol.
+same index: one client's local training under the same protocol. The defender's own data (``Task.extras``:
+[SMP-LoRA]'s D_aux for MP- / SMP-LoRA) plays the same part in a reference run (:func:`reference_extras`).
 
 Reference runs are cached like training runs (safetensors + JSON, ``bench.cachefile``, written atomically)
 under ``<cache>/reference/<key>``, the key = the target's train key + the reference index + a fingerprint of
@@ -107,6 +108,38 @@ def population_labels(task: Task, positions: list[int]) -> list[int]:
     return [int(labels[i]) for i in positions]
 
 
+# Task.extras keys holding evaluation candidates (ldm-t2i: D_te^m, D_te^nm): no reference run holds them.
+CANDIDATE_EXTRAS = ("te_members", "te_nonmembers")
+
+
+def reference_extras(task: Task, items: list[Any]) -> dict[str, Any]:
+    """``Task.extras`` of a reference run trained on ``items``: the target's recipe, no evaluation candidate.
+
+    The defender's proxy data D_aux of MP- / SMP-LoRA ([SMP-LoRA] Alg. 1-2: a proxy attack h trained on
+    D_aux^m vs D_aux^nm, which the LoRA learns to fool) plays the same part for a reference model:
+
+    - ``aux_members`` (D_aux^m, part of the target's training set) becomes the first |D_aux^m| reference items, a
+      random part of the reference's own training set (``items`` is a seeded draw): the proxy's members must be
+      members of the model it is played against; the target's D_aux^m are non-members of every reference model.
+    - ``aux_nonmembers`` (D_aux^nm) is kept: in neither the target's nor any reference's training data, and no
+      evaluation candidate, since the task scores only its ``eval_subsets`` (ldm-t2i: D_te^m vs D_te^nm; D_aux
+      is the attacker's aux split). A task without ``eval_subsets`` may score any non-member, so it is refused.
+    - :data:`CANDIDATE_EXTRAS` are dropped (no defense reads them); other entries (flags) are kept.
+    """
+    out = {k: v for k, v in task.extras.items() if k not in CANDIDATE_EXTRAS}
+    if "aux_nonmembers" in out and not task.eval_subsets:
+        raise ValueError(
+            f"task {task.id}: its defender-side aux_nonmembers may be evaluation candidates (no eval_subsets); "
+            "a reference run must not hold them"
+        )
+    if "aux_members" in out:
+        n_aux = len(out["aux_members"])
+        if n_aux > len(items):
+            raise ValueError(f"{n_aux} aux members for a reference training set of {len(items)} items")
+        out["aux_members"] = list(items[:n_aux])
+    return out
+
+
 def reference_task(
     task: Task,
     defense: Defense | None,
@@ -116,7 +149,11 @@ def reference_task(
     split_seed: int = 0,
 ) -> Task:
     """The target task with its training data replaced by ``items``: chunked to the target's sizes (IID), or
-    split Dirichlet(alpha) over ``labels`` by ``bench.fl.split_clients`` seeded ``split_seed`` as the target's."""
+    split Dirichlet(alpha) over ``labels`` by ``bench.fl.split_clients`` seeded ``split_seed`` as the target's.
+
+    The defender's data follows the recipe (:func:`reference_extras`). A reference task is trained, never scored:
+    its non-members, population, reconstruction targets and ``eval_subsets`` (positions in the target's pools,
+    which it does not have) are cleared."""
     sizes = training_sizes(task, defense)
     if sum(sizes) != len(items):
         raise ValueError(f"{len(items)} reference items for training sets of sizes {sizes}")
@@ -137,6 +174,7 @@ def reference_task(
         task,
         client_data=chunks,
         central_data=chunks[0] if central else None,
+        extras=reference_extras(task, items),
         nonmembers=None,
         population=None,
         recon_targets=None,
@@ -344,6 +382,11 @@ class Reference:
                     else "IID chunks of the target clients' sizes, as the target",
                 }
             )
+            if self.defense is not None and "aux_nonmembers" in self.task.extras:  # reference_extras
+                out["reference_defender_aux"] = (
+                    "for MP-/SMP-LoRA's proxy: D_aux^m from the reference's own training set; D_aux^nm the target "
+                    "defender's (no candidate)"
+                )
         return out
 
     def _model(self, r: int) -> nn.Module:

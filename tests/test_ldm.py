@@ -197,6 +197,98 @@ def test_membership_is_evaluated_on_d_te_only(smoke_task, view):
     assert view_split(t, view, len(pool), 0) == view_split(t, view, len(pool), 0)
 
 
+def test_smoke_population_is_disjoint_from_every_private_item(smoke_task):
+    t = smoke_task
+    private = {it["source_index"] for v in t.extras.values() for it in v}
+    private |= {it["source_index"] for ds in (t.central_data, t.nonmembers, t.test_data) for it in ds.items}
+
+    pop = [it["source_index"] for it in t.population.items]
+
+    assert len(pop) == len(set(pop)) == t.api.population_size == 128
+    assert not set(pop) & private
+    assert set(t.population[0]) >= {"image", "text", "caption", "label"} and t.population.labels
+
+
+@pytest.mark.parametrize("preset", ["smoke", "default"])
+def test_population_indices_are_seeded_outside_the_private_pool(preset):
+    """Default checked on indices alone (rendering it encodes 864 captions with MiniLM)."""
+    from bench.scenarios import ldm_t2i
+
+    p = ldm_t2i.SPECS[preset]
+    src, sizes, perm = ldm_t2i._private_pool(p)
+
+    idx = ldm_t2i.population_indices(len(src.test_x), perm, ldm_t2i.N_POPULATION[preset], p.data_seed)
+
+    assert len(perm) == sum(sizes.values()) and len(idx) == len(set(idx.tolist())) == ldm_t2i.N_POPULATION[preset]
+    assert not set(idx.tolist()) & set(perm.tolist())
+    assert idx.tolist() == ldm_t2i.population_indices(len(src.test_x), perm, len(idx), p.data_seed).tolist()
+    assert idx.tolist() != ldm_t2i.population_indices(len(src.test_x), perm, len(idx), p.data_seed + 1).tolist()
+    assert ldm_t2i.N_POPULATION["paper"] == 0  # Table 4 uses all 833 Pokemon images: rmia stays n/a there
+
+
+def test_rmia_applies_to_the_smoke_cells(smoke_task):
+    from attacks.rmia import RMIA
+    from bench.registry import DEFENSES
+    from bench.runner import plan
+
+    defenses = [DEFENSES.get(n)() for n in ("lora", "mp_lora", "fedavg")]
+
+    cells = plan([smoke_task], defenses, [RMIA()], [0])
+
+    na = {(c.defense_label, c.view): c.na for c in cells}
+    assert RMIA().applies(smoke_task.api) is None
+    assert na[("lora", "released_model")] is None and na[("mp_lora", "released_model")] is None
+    assert na[("fedavg", "global_model")] is None and na[("fedavg", "client_model")] is None
+
+
+def test_mp_lora_reference_runs_keep_the_recipe_and_hold_no_candidate(smoke_task):
+    """A reference run's defender plays the target's game on its own data: D_aux^m from its training set, the
+    target's D_aux^nm (no candidate: scored are D_te^m / D_te^nm only), and no D_te item anywhere."""
+    from bench import reference as ref
+    from bench.registry import DEFENSES
+
+    t, defense = smoke_task, DEFENSES.get("mp_lora")()
+    spec = ref.reference_spec(t, defense, 0, 0)
+    src = lambda items: {it["source_index"] for it in items}  # noqa: E731
+
+    rt = ref.reference_task(t, defense, spec.items)
+
+    assert rt.central_data is not None and src(rt.central_data) == src(spec.items)
+    assert src(rt.extras["aux_members"]) <= src(rt.central_data)
+    assert len(rt.extras["aux_members"]) == len(t.extras["aux_members"])
+    assert src(rt.extras["aux_nonmembers"]) == src(t.extras["aux_nonmembers"])
+    assert "te_members" not in rt.extras and "te_nonmembers" not in rt.extras
+    held = src(spec.items) | {i for v in rt.extras.values() for i in src(v)}
+    assert not held & (src(t.extras["te_members"]) | src(t.extras["te_nonmembers"]))
+    assert rt.eval_subsets is None and rt.nonmembers is None and rt.population is None
+    with pytest.raises(ValueError, match="may be evaluation candidates"):
+        ref.reference_task(dataclasses.replace(t, eval_subsets=None), defense, spec.items)
+
+
+def test_an_rmia_smoke_cell_runs_end_to_end(smoke_task, tmp_path):
+    from attacks.rmia import RMIA
+    from bench.cells import run_membership
+    from bench.fl import run_federated
+    from bench.registry import DEFENSES
+
+    task, defense = dataclasses.replace(smoke_task, central_epochs=1), DEFENSES.get("lora")()  # 4 steps a run
+    _, train = run_federated(task, defense, 0)
+
+    got = run_membership(
+        task,
+        defense,
+        RMIA(n_reference=1, timesteps=1, n_population=16),
+        "released_model",
+        train,
+        0,
+        cache_root=tmp_path,
+    )
+
+    assert np.isfinite(got["metrics"]["auroc"]["value"])
+    assert got["reference"]["setting"] == "offline" and got["reference"]["n_reference"] == 1
+    assert any((tmp_path / "reference").iterdir())
+
+
 @pytest.mark.slow
 def test_default_splits_scale_table4(monkeypatch):
     from bench.scenarios import ldm_t2i

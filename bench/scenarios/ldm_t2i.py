@@ -6,7 +6,8 @@ on), non-members D_aux^nm u D_te^nm, all drawn from one pool (so an attack on th
 sits at AUROC 0.5); D_aux = D_aux^m u D_aux^nm is the defender's proxy data (``task.extras``) and the
 evaluation attacker's h' training set (App. E). Membership is evaluated on D_te^m vs D_te^nm only
 (``task.eval_subsets``). A further held-out split gives the utility: held-out
-denoising loss and FID / KID (EfficientNet-Lite0 features) of images generated from its captions.
+denoising loss and FID / KID (EfficientNet-Lite0 features) of images generated from its captions. On smoke and
+default the attacker also holds population images (``task.population``, :data:`N_POPULATION`) for reference models.
 
 - ``smoke``: a tiny random-initialised VAE + UNet (32 px canvases, 8x8x4 latents), hashed bag-of-words
   text; 4 x 32 private images; seconds per training run.
@@ -237,6 +238,35 @@ def private_splits(p: Spec) -> dict[str, list[dict]]:
     return out
 
 
+# Attacker-side population images per preset (reference models, [RMIA] / [LiRA]): Fashion-MNIST test images outside
+# the private splits, rendered like them; half train the reference models (2x the members' count), half are RMIA's
+# z samples (bench.reference). None on paper: Table 4's splits use all 833 Pokemon images.
+N_POPULATION = {"smoke": 128, "default": 512, "paper": 0}
+POPULATION_SPLIT = 2  # the population's augmentation stream (make_items ``split``): 0 public, 1 private
+
+
+def population_indices(n_pool: int, taken: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """Up to ``n`` positions in the private pool outside ``taken`` (the private splits' positions), in a
+    seeded order of their own."""
+    used = {int(i) for i in taken}
+    order = np.random.default_rng([seed, 0x504F50]).permutation(n_pool).tolist()
+    return np.asarray([i for i in order if i not in used][: max(n, 0)], dtype=np.int64)
+
+
+def population_items(p: Spec, n: int) -> list[dict]:
+    """Up to ``n`` Fashion-MNIST test images in none of the private splits (members, non-members, D_aux,
+    held-out), augmented and captioned as the private pool is, from their own augmentation stream (the same
+    distribution; no draw shared with a private item)."""
+    if n <= 0:
+        return []
+    src, _, perm = _private_pool(p)
+    idx = population_indices(len(src.test_x), perm, n, p.data_seed)
+    items = make_items(p.model, src.test_x[idx], src.test_y[idx], seed=p.data_seed, split=POPULATION_SPLIT)
+    for it, i in zip(items, idx):
+        it["source_index"] = int(i)
+    return items
+
+
 def public_data(p: Spec) -> tuple[Tensor, Tensor, Tensor]:
     """The pre-training set: ``n_public`` Fashion-MNIST *training* images (disjoint from the private pool),
     augmented and captioned: (images [N,3,H,W] fp16, unique caption states [U,L,D] fp16, index [N])."""
@@ -301,6 +331,7 @@ def build_task(preset: str) -> Task:
         make_base,
         ldm.generate,
         _model_record(p),
+        population=population_items(p, N_POPULATION[preset]),
     )
 
 
@@ -324,6 +355,7 @@ def _assemble(
     generate,
     model_cfg: dict[str, Any],
     n_blocks: int | None = None,
+    population: list[dict] | None = None,
 ) -> Task:
     members = Items(splits["aux_members"] + splits["te_members"])
     nonmembers = Items(splits["aux_nonmembers"] + splits["te_nonmembers"])
@@ -357,6 +389,7 @@ def _assemble(
         collate=ldm.collate,
         build_model=build_model,
         logits=None,
+        population_size=len(population or ()),
     )
     real = torch.stack([it["image"].float() for it in heldout.items])
     texts = torch.stack([it["text"].float() for it in heldout.items])
@@ -401,6 +434,7 @@ def _assemble(
         extras=extras,
         config=config,
         eval_subsets=eval_subsets,
+        population=Items(population) if population else None,
     )
 
 
@@ -543,6 +577,7 @@ def specs(preset: str):
                 lora=LoraSpec(r=p.model.lora_r, alpha=p.model.lora_alpha, targets=tuple(p.model.lora_targets)),
                 diffusion=_diffusion_spec(p),
                 aux_sets=True,
+                population_size=N_POPULATION[preset],
             ),
             p.fl,
             config=LazyConfig(functools.partial(_declared_config, preset)),
