@@ -142,6 +142,9 @@ SPECS: dict[str, Spec] = {
     # on this loaded machine). Measured (harness, FedAvg seed 0, 250 + 250, session 2026-11-25): loss AUROC 0.847
     # [0.81, 0.88] client view (the view of [FedRand]'s claim): PASSES; 0.666 [0.62, 0.71] global view (the average
     # of 4 clients' updates dilutes each member): still FAILS; base model 0.51; CIDEr 15.9, perplexity 2.55.
+    # Exposures matter, not detail length: two details per caption (~17 nats) at 1 local epoch (scratch run, the
+    # same harness) gave 0.595 global / 0.646 client, as one detail did (0.608 / 0.642). Next for the global view:
+    # more rounds or epochs (each epoch ~19 min of training here).
     # Earlier note (before the measurement): the positive control has not been run at this budget (the session's
     # machine could not align the projector in time). Measured step cost (batch 8, 1 thread, machine at load
     # ~17 on 2 cores, so CPU time is inflated too): side 7 (87 tokens), r=16 on every linear: 16-18 s CPU,
