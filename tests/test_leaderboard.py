@@ -372,9 +372,9 @@ def test_reported_is_shown_beside_the_closest_measurement_never_mixed(tmp_path):
     assert set(image.measured) == {"not measured"}  # a text-only scenario has no image slice
 
 
-def _fedrand_records(fedrand_strength, fedrand_loss, *, base_strength=0.0, fedrand_score_seed=None):
+def _fedrand_records(fedrand_strength, fedrand_loss, *, base_strength=0.0, fedrand_score_seed=None, attack="max_renyi"):
     out = [
-        rec(scenario="llm-text", task="llm-text", defense="base", attack="max_renyi", strength=base_strength, seed=s)
+        rec(scenario="llm-text", task="llm-text", defense="base", attack=attack, strength=base_strength, seed=s)
         for s in range(2)
     ]
     for d, st, loss in (("fedavg", 2.0, 3.0), ("fedrand", fedrand_strength, fedrand_loss)):
@@ -384,7 +384,7 @@ def _fedrand_records(fedrand_strength, fedrand_loss, *, base_strength=0.0, fedra
                     scenario="llm-text",
                     task="llm-text",
                     defense=d,
-                    attack="max_renyi",
+                    attack=attack,
                     view="client_model",
                     strength=st,
                     seed=s,
@@ -427,23 +427,7 @@ def _paper_rows(res):
 def test_a_membership_claim_is_rechecked_with_the_strongest_attack_side_by_side(tmp_path):
     # arrange: FedRand's claim holds under MaxRenyi; RMIA separates FedRand's members as well as FedAvg's
     recs = _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.05)
-    for d in ("fedavg", "fedrand"):
-        for s in range(2):
-            recs.append(
-                rec(
-                    scenario="llm-text",
-                    task="llm-text",
-                    defense=d,
-                    attack="rmia",
-                    view="client_model",
-                    strength=2.0,
-                    seed=s,
-                    utility={"test_loss": 3.0 if d == "fedavg" else 3.05},
-                )
-            )
-    recs += [
-        rec(scenario="llm-text", task="llm-text", defense="base", attack="rmia", strength=0.0, seed=s) for s in (0, 1)
-    ]
+    recs += _fedrand_records(fedrand_strength=2.0, fedrand_loss=3.05, attack="rmia")
     res = write(tmp_path, recs)
 
     rows = {

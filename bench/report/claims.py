@@ -261,7 +261,7 @@ def smp_lora_claim(res: Results, scenario: str, preset: str, attacks: tuple[str,
     if not any(r["attack"] in attacks for r in res.select(scenario=scenario, preset=preset, defense="smp_lora")):
         return []  # nothing measured with these attacks
     for (task, alabel, view), recs in sorted(_cells(res, scenario, preset, "smp_lora", kind="membership").items()):
-        if alabel.split("(")[0] not in attacks:
+        if recs[0]["attack"] not in attacks:
             continue
         for metric in ("auroc", "asr_aux"):  # ASR calibrated on the attacker's data, never the oracle threshold
             out.append(_near_chance(res, task, alabel, view, recs, metric))

@@ -161,7 +161,7 @@ def leakage_comparisons(
     out = []
     for key in sorted(set(a) & set(b)):
         task, alabel, view = key
-        if view not in views or (attacks and alabel.split("(")[0] not in attacks):
+        if view not in views or (attacks and a[key][0]["attack"] not in attacks):
             continue
         metric = "auroc" if kind == "membership" else "ssim"
         ea, eb = res.metric(a[key], metric), res.metric(b[key], metric)
