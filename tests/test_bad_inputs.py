@@ -412,6 +412,9 @@ OTHER_COMMANDS = [
     (["check", "--attack", ""], "no attack given"),
     (["check", "--attack", "rmia:a=2"], "a=2 is out of range"),
     (["leaderboard", "--out", "a_file"], "--out 'a_file' is an existing file, not a directory"),
+    (["leaderboard", "--out", "o", "--restore", "nowhere"], "--restore 'nowhere' is not a directory"),
+    (["leaderboard", "--out", "o", "--restore", "."], "holds no published records"),
+    (["leaderboard", "--out", "o", "--restore", ".", "--publish", "p"], "not allowed with argument"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ]
 

@@ -450,6 +450,21 @@ NOISE = (
 )
 
 
+@pytest.mark.parametrize("quiet", [True, False])
+def test_a_third_party_bar_without_a_switch_is_hidden_only_when_quiet(quiet, monkeypatch, capsys):
+    from tqdm.auto import tqdm
+
+    from bench.progress import QUIET_ENV, third_party_output
+
+    monkeypatch.setenv(QUIET_ENV, "1" if quiet else "0")
+
+    with third_party_output():
+        for _ in tqdm(range(3), desc="de-quantizing"):
+            pass
+
+    assert ("de-quantizing" in capsys.readouterr().err) is not quiet
+
+
 def test_a_run_keeps_third_party_noise_out_of_the_terminal_but_not_its_own_warnings(tmp_path):
     import os
     import subprocess
