@@ -4,9 +4,10 @@ score the attack (docs/design.md s.2, s.5)."""
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Callable, cast
 
 import numpy as np
 import torch
@@ -183,9 +184,11 @@ def assign_nonmembers(
 
 @dataclass
 class Part:
-    """One model's share of a cell: the candidates it scores and its aux split (pool indices)."""
+    """One model's share of a cell: the candidates it scores and its aux split (pool indices). The model is
+    built when the part is scored (``build``), so a client view holds one client's model (and its reference
+    models) at a time, not every client's at once."""
 
-    model: nn.Module
+    build: Callable[[], nn.Module]
     members: list[int]
     nonmembers: list[int]
     aux: tuple[list[int], list[int]]
@@ -206,12 +209,12 @@ def membership_parts(
     split = view_split(task, view, len(pool), seed)
     whole = (split.aux_members, split.aux_nonmembers)
     if defense is None:
-        return pool, split, [Part(task.api.build_model().eval(), split.members, split.nonmembers, whole)]
+        return pool, split, [Part(lambda: task.api.build_model().eval(), split.members, split.nonmembers, whole)]
     if train is None:
         raise ValueError(f"the {view} view of defense {defense.name} needs its training run")
     if view != "client_model":
-        model = build_trained_model(task, defense, train.global_state, train.global_buffers)
-        return pool, split, [Part(model, split.members, split.nonmembers, whole)]
+        build = functools.partial(build_trained_model, task, defense, train.global_state, train.global_buffers)
+        return pool, split, [Part(build, split.members, split.nonmembers, whole)]
     if not train.client_latest:
         raise ValueError("client states were not kept for this run (shared state too large)")
     ranges = client_ranges(task)
@@ -226,11 +229,16 @@ def membership_parts(
             continue  # a client with no evaluation members, or whose state was not kept (large models)
         # the client's own aux members; a client with fewer than 8 gets the pooled aux split
         aux = (aux_groups[k], aux_non[k]) if len(aux_groups[k]) >= 8 else whole
-        state = client_model_state(train.global_state, train.client_latest[k])
-        parts.append(Part(build_trained_model(task, defense, state, train.global_buffers), mem, nm, aux, client=k))
+        parts.append(Part(functools.partial(_client_model, task, defense, train, k), mem, nm, aux, client=k))
     if not parts:
         raise ValueError("no client's reconstructed model has evaluation candidates")
     return pool, split, parts
+
+
+def _client_model(task: Task, defense: Defense, train: TrainResult, k: int) -> nn.Module:
+    """Client ``k``'s reconstructed model: its latest sent weights over the global ones."""
+    state = client_model_state(train.global_state, train.client_latest[k])
+    return build_trained_model(task, defense, state, train.global_buffers)
 
 
 def aux_threshold_asr(
@@ -302,6 +310,7 @@ def run_membership(
     item = lambda c: pool[c[1]] if c[0] == "m" else nonmembers[c[1]]  # noqa: E731
     primary = ""
     details: dict[str, Any] = {}  # Scores.details per scoring model (client view: per client)
+    used: dict[str, Any] | None = None  # the reference-model attacker's stated knowledge
     for part in parts:
         cands = [("m", i) for i in part.members] + [("n", i) for i in part.nonmembers]
         order = np.random.default_rng([seed, 1 + (part.client or 0)]).permutation(len(cands))
@@ -322,6 +331,8 @@ def run_membership(
         if out.details:
             details["all" if part.client is None else str(part.client)] = out.details
         thresholds[at] = _aux_threshold(attack, out, obs, part, pool, task, seed, uses_aux)
+        used = reference.used if reference is not None else None
+        del obs, reference, out  # this client's model and reference models go before the next client's are built
     # Candidates of clients without a kept state are dropped (large models keep one client).
     idx = np.flatnonzero(seen)
     ids = candidate_ids(split)
@@ -340,7 +351,7 @@ def run_membership(
     if kept:
         per_candidate["variants"] = kept
     clients = [p.client for p in parts if p.client is not None]
-    extra = {"reference": reference.used} if reference is not None else {}  # what the attacker was assumed to know
+    extra = {"reference": used} if used is not None else {}  # what the attacker was assumed to know
     if details:  # what the attack states about its scoring (max_renyi: each slice's token count)
         extra["attack_details"] = details["all"] if list(details) == ["all"] else {"per_client": details}
     return {
@@ -388,7 +399,7 @@ def membership_observation(
     )
     return Observation(
         view=cast(View, view),
-        model=part.model,
+        model=part.build(),
         message=None,
         api=task.api,
         public=public,

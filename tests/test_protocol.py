@@ -115,6 +115,40 @@ def test_aux_split_reaches_only_attacks_that_use_it_and_is_disjoint_from_the_can
     assert {c["seed"] for c in plain.calls + aux.calls} == {3}
 
 
+@dataclass
+class LiveModels(ToyLossMIA):
+    """The toy loss attack, counting at each call how many of the models it was handed earlier are alive."""
+
+    name = "live_models"
+
+    def __post_init__(self):
+        self.seen, self.alive = [], []
+
+    def run(self, obs, candidates):
+        import gc
+        import weakref
+
+        gc.collect()
+        self.alive.append(sum(r() is not None for r in self.seen))
+        self.seen.append(weakref.ref(obs.model))
+        return super().run(obs, candidates)
+
+
+def test_client_view_holds_one_clients_model_at_a_time(trained):
+    # arrange
+    task, runs = trained
+    d, res = runs["fedavg"]
+    spy = LiveModels()
+
+    # act
+    run_membership(task, d, spy, "client_model", res, 3)
+
+    # assert: 3 clients, each scored twice (candidates, then the aux split for the ASR threshold); at each
+    # call at most the current client's model is alive (a client view of an LLM holds one, not every client's)
+    assert len(spy.seen) == 6
+    assert spy.alive == [0, 1, 0, 1, 0, 1]
+
+
 def test_client_view_pools_every_client_fixed_across_defenses(trained):
     # arrange
     task, runs = trained
