@@ -273,6 +273,8 @@ def cmd_run(a) -> int:
         f"cells: {c['ok']} ok, {c['n/a']} n/a, {c['failed']} failed, {c['skipped']} already done "
         f"({summary.wall_s:.0f} s); records in {out / 'records'}"
     )
+    for line in summary.failed:  # each failure named with its reason (also in the leaderboards' Failed section)
+        print(f"failed: {line}", file=sys.stderr)
     if not a.no_leaderboard:
         from .report.lbcache import print_notices, regenerate, up_to_date
 

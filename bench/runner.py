@@ -153,6 +153,14 @@ class RunSummary:
     counts: dict[str, int] = field(default_factory=lambda: {"ok": 0, "n/a": 0, "failed": 0, "skipped": 0})
     wall_s: float = 0.0
     trained: int = 0  # training runs executed (or loaded) by this run
+    failed: list[str] = field(default_factory=list)  # one line per cell this run recorded failed, with the reason
+
+    def fail(self, skeleton: dict[str, Any], reason: str) -> None:
+        self.counts["failed"] += 1
+        self.failed.append(
+            f"{skeleton['task']} {skeleton['defense_label']} x {skeleton['attack_label']}/{skeleton['view']} "
+            f"seed {skeleton['seed']}: {reason}"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -514,8 +522,9 @@ def run(
             if failure is not None:
                 entry["failed"] = True
                 for c in entry["cells"]:
-                    write_failed(store, c.skeleton(), failure, traceback=traceback_)
-                    summary.counts["failed"] += 1
+                    skel = c.skeleton()
+                    write_failed(store, skel, failure, traceback=traceback_)
+                    summary.fail(skel, failure)
                     move(estimator.cell_cost(c))
                 continue
             entry["keys"].discard(key)
@@ -532,8 +541,9 @@ def run(
                 unblock(u.key, f"not run: {e}")
                 return
             for c in [c for c in group if c.id == u.key]:
-                write_failed(store, c.skeleton(), f"not run: {e}")
-                summary.counts["failed"] += 1
+                skel = c.skeleton()
+                write_failed(store, skel, f"not run: {e}")
+                summary.fail(skel, f"not run: {e}")
 
     def fanout(group: list[Cell]) -> None:
         for c in group:
@@ -541,8 +551,9 @@ def run(
 
     try:
         for c in broken:
-            write_failed(store, c.skeleton(), c.error or "")  # a broken cell has its error
-            summary.counts["failed"] += 1
+            skel = c.skeleton()
+            write_failed(store, skel, c.error or "")  # a broken cell has its error
+            summary.fail(skel, c.error or "")
         for c in pl.na_cells:
             write_na(store, c)
             summary.counts["n/a"] += 1
@@ -614,7 +625,10 @@ def run(
                 assert unit.skeleton is not None and unit.attack is not None  # a cell unit
                 if not res.get("written"):
                     write_failed(store, unit.skeleton, res["reason"], traceback=res.get("traceback", ""))
-                summary.counts[res["status"]] += 1
+                if res["status"] == "failed":
+                    summary.fail(unit.skeleton, res["reason"])
+                else:
+                    summary.counts[res["status"]] += 1
                 bar.set_postfix_str(f"{group[0].defense_label} x {unit.attack.name}/{unit.view}: {res['status']}")
     except KeyboardInterrupt:  # finished records stay; the rest is redone by the next run
         executor.shutdown(kill=True)

@@ -222,7 +222,8 @@ def test_a_record_failing_the_schema_on_write_is_kept_as_failed_with_the_reason(
     recs = [r for r in Store(tmp_path).records() if r["view"] == "client_update"]
     assert recs and all(r["status"] == "failed" for r in recs)
     assert all("metrics." in r["reason"] and "schema" in r["reason"] for r in recs)
-    assert summary.counts["failed"] == len(recs)
+    assert summary.counts["failed"] == len(recs) == len(summary.failed)
+    assert all("client_update" in line and "schema" in line for line in summary.failed)  # named, with the reason
 
 
 def test_planted_pickles_as_ldm_base_and_vlm_projector_caches_do_not_run(tmp_path, monkeypatch):
@@ -527,6 +528,10 @@ def test_misbehaving_contributed_defenses_fail_their_cells_with_the_reason_and_t
     assert fine and all(r["status"] == "ok" for r in fine), [r.get("reason") for r in fine]
     board = (out / "leaderboards" / "image-cls.md").read_text()
     assert all(stem in board for stem in MISBEHAVING_RUN)  # listed, failed with the reason
+    said = [line for line in res.stderr.splitlines() if line.startswith("failed: ")]  # and named in the terminal
+    assert all(
+        any(stem in line and reason in line for line in said) for stem, (_, _, reason) in MISBEHAVING_RUN.items()
+    )
 
 
 # ----------------------------------------------------------------------------------------------
