@@ -36,10 +36,11 @@ FALLBACK = (5.0, 2.0, 5.0)
 
 @dataclass
 class CostModel:
-    """Seconds per training run / attack cell; learned medians keyed by (task, defense) and (task, attack, view)."""
+    """Seconds per training run / attack cell; learned medians keyed by (task, defense) and (task, attack, view,
+    base model or not): a base-model cell is far cheaper (e.g. rmia: its reference models are the base model)."""
 
     train_s: dict[tuple[str, str], float] = field(default_factory=dict)
-    cell_s: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    cell_s: dict[tuple[str, str, str, bool], float] = field(default_factory=dict)
     n_records: int = 0
 
     @classmethod
@@ -58,7 +59,8 @@ class CostModel:
                     if isinstance(cost.get("train_wall_s"), (int, float)):
                         train[(r["task"], r["defense"])].append(float(cost["train_wall_s"]))
                     if isinstance(cost.get("attack_wall_s"), (int, float)):
-                        cell[(r["task"], r["attack"], r["view"])].append(float(cost["attack_wall_s"]))
+                        key = (r["task"], r["attack"], r["view"], r["defense"] == "base")
+                        cell[key].append(float(cost["attack_wall_s"]))
             except Exception as e:  # noqa: BLE001 - an estimate only: say so and use the defaults
                 sys.stderr.write(
                     f"note: cost model uses its defaults (earlier records unreadable: {type(e).__name__}: {e})\n"
@@ -76,7 +78,7 @@ class CostModel:
         return self.train_s.get((task.id, defense.name), self._default(task)[0])
 
     def cell_cost(self, cell) -> float:
-        learned = self.cell_s.get((cell.task.id, cell.attack.name, cell.view))
+        learned = self.cell_s.get((cell.task.id, cell.attack.name, cell.view, cell.defense is None))
         if learned is not None:
             return learned
         d = self._default(cell.task)

@@ -182,3 +182,23 @@ def test_a_units_set_up_loop_shows_on_the_bar(tmp_path, monkeypatch):
     shown = [p for p in bar.postfix if p.startswith("align projector")]
     assert shown[:4] == [f"align projector {i}/4" for i in range(4)]  # (attack cells rebuild the model too)
     assert sum(bar.updates) == pytest.approx(bar.total)  # a set-up step never moves the bar
+
+
+def test_cost_model_learns_base_model_cells_apart_from_defended_ones(tmp_path):
+    from types import SimpleNamespace
+
+    from bench.store import Store
+    from tests.test_store import record
+
+    store = Store(tmp_path)
+    for i, (defense, wall) in enumerate([("base", 10.0), ("base", 12.0), ("fedavg", 1200.0), ("fedrand", 1400.0)]):
+        store.write(
+            record(cell_id=f"{i:016x}", defense=defense, attack="rmia", cost={"attack_wall_s": wall, "rounds": 2})
+        )
+    costs = CostModel.from_records(tmp_path)
+    cell = lambda defense: SimpleNamespace(  # noqa: E731
+        task=SimpleNamespace(id="toy/mlp"), attack=SimpleNamespace(name="rmia"), view="global_model", defense=defense
+    )
+
+    assert costs.cell_cost(cell(None)) == 11.0
+    assert costs.cell_cost(cell(FedAvg())) == 1300.0
