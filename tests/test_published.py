@@ -13,6 +13,10 @@ ROOT = Path(__file__).resolve().parent.parent / "leaderboards"
 SNAPSHOTS = sorted(p.parent for p in ROOT.glob("*/records") if p.is_dir())
 
 
+def test_the_default_snapshot_carries_its_records():
+    assert ROOT / "default" in SNAPSHOTS
+
+
 @pytest.mark.parametrize("snap", SNAPSHOTS, ids=lambda p: p.name)
 def test_published_records_are_valid_and_regenerate_the_published_tables(snap, tmp_path, capsys):
     from bench.report.lbcache import regenerate
