@@ -38,7 +38,8 @@ def publish(out: Path, snapshot: Path) -> list[Path]:
 
     out, snapshot = Path(out), Path(snapshot)
     regenerate(out)
-    records = list(Store(out, readonly=True).records())
+    store = Store(out, readonly=True)
+    records = list(store.records())
     if not records:
         raise UsageError(f"no valid records under {out / 'records'}: nothing to publish")
     snapshot.parent.mkdir(parents=True, exist_ok=True)
@@ -46,7 +47,7 @@ def publish(out: Path, snapshot: Path) -> list[Path]:
     try:
         shutil.copytree(out / "leaderboards", tmp, dirs_exist_ok=True)
         for rec in records:
-            src = Store(out).record_path(rec["scenario"], rec["cell_id"])
+            src = store.record_path(rec["scenario"], rec["cell_id"])
             dst = tmp / "records" / rec["scenario"] / f"{rec['cell_id']}{GZ}"
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.write_bytes(_gzip(src.read_bytes()))
