@@ -45,7 +45,7 @@ def test_rmia_stronger_when_the_paired_interval_lies_above_zero():
 
     assert (row["fpr"], row["n_nonmembers"], row["best_single"]) == (0.05, 200, "loss_mia")
     assert row["paired"] and row["difference.ci_low"] > 0
-    assert row["verdict"] == strength.STRONGER
+    assert row["verdict"] == strength.STRONGER and row["reference_best"] == "rmia"
     assert row["lira_offline.tpr.ci_low"] < row["lira_offline.tpr"] < row["lira_offline.tpr.ci_high"]
 
 
@@ -72,6 +72,18 @@ def test_a_row_minus_itself_is_exactly_zero_and_not_stronger():
 
     assert (row["difference"], row["difference.ci_low"], row["difference.ci_high"]) == (0.0, 0.0, 0.0)
     assert row["paired"] and row["verdict"] == strength.NOT_STRONGER
+
+
+def test_the_stronger_of_rmia_and_offline_lira_is_judged_paired_on_its_own_scores():
+    r = rmia_rec(0.0)  # RMIA's primary at chance
+    r["per_candidate"]["variants"]["lira_offline"] = member_scores(3.0, N, 0)[0]  # a strong offline LiRA
+    r["variants"]["lira_offline"] = {"tpr@0.05fpr": 0.95}
+
+    row = row_of([r, rec(attack="loss_mia", strength=0.0, n=N)])
+
+    assert row["reference_best"] == "lira_offline" and row["paired"]
+    assert row["difference.ci_low"] > 0 and row["verdict"] == strength.STRONGER
+    assert row["rmia.tpr"] < 0.3
 
 
 def test_a_kept_variant_pairs_on_its_own_scores():
@@ -117,5 +129,5 @@ def test_the_leaderboard_writes_the_section_and_a_numeric_csv(tmp_path):
     csv = pd.read_csv(tmp_path / "leaderboards" / "sc_attack_strength.csv")
     assert csv["rmia.tpr"].dtype == float and csv["fpr"].tolist() == [0.05]
     md = (tmp_path / "leaderboards" / "sc.md").read_text()
-    assert "## Attack strength on the undefended baseline" in md and "**RMIA stronger**" in md
+    assert "## Attack strength on the undefended baseline" in md and f"**{strength.STRONGER}**" in md
     assert "sc_attack_strength.csv" in (tmp_path / "leaderboards" / "README.md").read_text()

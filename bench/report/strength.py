@@ -1,17 +1,18 @@
 """Attack strength on the undefended baseline, the [RMIA] positive control: per task and membership view of the
-baseline of its protocol (fedavg, fedsgd for FedSGD forms, lora for released models), does offline RMIA ([RMIA])
-beat the best single-signal attack in TPR at the lowest FPR the non-members support? Offline LiRA ([LiRA]) is
-shown beside it.
+baseline of its protocol (fedavg, fedsgd for FedSGD forms, lora for released models), does the reference-model
+attack (offline RMIA, [RMIA], or its offline LiRA variant, [LiRA]: the one with the higher point TPR) beat the
+best single-signal attack in TPR at the lowest FPR the non-members support?
 
 Single-signal attacks: every configuration and score variant of loss_mia, max_renyi and gradient_mia, and the rmia
 record's ``neg_loss``. The best is the highest point TPR (ties: the one whose per-candidate scores are kept, so the
 difference pairs); choosing it on the evaluated candidates favours it, so ``RMIA stronger`` is conservative. The
 FPR is the lowest of ``bench.metrics.FPRS`` with >= 10 / FPR non-members in every seed (the gating of
-``bench.bootstrap.tpr_unreported``). RMIA minus the best is the paired bootstrap of ``bench.report.paired`` on the
-candidates and seeds both scored; a variant whose per-candidate scores the record did not keep (records
-before 2026-11-25 kept only some) falls back to the unpaired difference, and the note says so. Verdict:
-``RMIA stronger`` (95% interval above 0), ``not stronger``
-(at or below 0), ``inconclusive`` otherwise; ``not measured`` without both sides or a supported FPR.
+``bench.bootstrap.tpr_unreported``). The stronger reference-model score minus the best single-signal one is the
+paired bootstrap of ``bench.report.paired`` on the candidates and seeds both scored (both sides are the best of
+their kind on those candidates, so the selection favours neither); a variant whose per-candidate scores the
+record did not keep (records before 2026-11-25 kept only some) falls back to the unpaired difference, and the
+note says so. Verdict: ``reference-model stronger`` (95% interval above 0), ``not stronger`` (at or below 0),
+``inconclusive`` otherwise; ``not measured`` without both sides or a supported FPR.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ SINGLE_SIGNAL = ("loss_mia", "max_renyi", "gradient_mia")
 RMIA = "rmia"
 RMIA_SINGLE = ("neg_loss",)  # the rmia record's own single-signal score (minus the target's loss)
 LIRA = "lira_offline"
-STRONGER, NOT_STRONGER, INCONC, NOT_MEASURED = "RMIA stronger", "not stronger", "inconclusive", "not measured"
+STRONGER, NOT_STRONGER = "reference-model stronger", "not stronger"
+INCONC, NOT_MEASURED = "inconclusive", "not measured"
 COLUMNS = [
     "preset",
     "task",
@@ -52,6 +54,7 @@ COLUMNS = [
     "lira_offline.tpr",
     "lira_offline.tpr.ci_low",
     "lira_offline.tpr.ci_high",
+    "reference_best",
     "difference",
     "difference.ci_low",
     "difference.ci_high",
@@ -128,7 +131,8 @@ def strength_row(res: Results, key: tuple[str, str, str, str], recs: list[dict])
     if not ok:
         return None
     row: dict = dict(zip(("preset", "task", "baseline", "view"), key))
-    row.update({c: math.nan for c in COLUMNS[4:]} | {"best_single": "", "rmia_attack": "", "difference.method": ""})
+    blank = {"best_single": "", "rmia_attack": "", "reference_best": "", "difference.method": ""}
+    row.update({c: math.nan for c in COLUMNS[4:]} | blank)
     row.update(paired=False, verdict=NOT_MEASURED, note="")
     cells: dict[tuple[str, str], list[dict]] = {}
     for r in ok:
@@ -152,10 +156,13 @@ def strength_row(res: Results, key: tuple[str, str, str, str], recs: list[dict])
     if best is not None:
         row["best_single"] = best[0].name
         _put(row, "best_single.tpr", best[1])
+    ref: tuple[str | None, Estimate | None] = (None, None)  # the stronger reference-model score: (variant, TPR)
     if rmia is not None:
         row["rmia_attack"] = rmia[0]["attack_label"]
+        ref = stronger_reference(res, rmia, metric)
         _put(row, "rmia.tpr", res.metric(rmia, metric))
         _put(row, "lira_offline.tpr", res.metric(rmia, f"variants:{LIRA}:{metric}"))
+        row["reference_best"] = ref[0] or RMIA
     if rmia is None or best is None:
         missing = [_why_missing(recs, (RMIA,), "rmia record")] if rmia is None else []
         missing += [_why_missing(recs, SINGLE_SIGNAL, "single-signal record")] if best is None else []
@@ -163,19 +170,30 @@ def strength_row(res: Results, key: tuple[str, str, str, str], recs: list[dict])
         return row
     s, e = best
     d = None
-    if s.pairable():
-        d = paired_difference(rmia, s.recs, metric, key=("strength", *key, s.name), variant_b=s.variant)
+    variant, ref_e = ref
+    if s.pairable() and Scorer(RMIA, variant, rmia).pairable():
+        k = ("strength", *key, s.name, variant or RMIA)
+        d = paired_difference(rmia, s.recs, metric, key=k, variant_a=variant, variant_b=s.variant)
         if d is None:
             notes.append("no shared candidate ids: unpaired")
     else:
-        notes.append(f"per-candidate scores of {s.name} not kept: unpaired")
+        notes.append(f"per-candidate scores of {s.name if not s.pairable() else variant} not kept: unpaired")
     if d is None:
-        d = unpaired_difference(res.metric(rmia, metric), e)
+        d = unpaired_difference(ref_e, e)
     if d is not None:
         _put(row, "difference", d)
         row["difference.method"], row["paired"] = d.method, d.method.startswith("paired")
     row["verdict"], row["note"] = verdict(d), "; ".join(notes)
     return row
+
+
+def stronger_reference(res: Results, rmia: list[dict], metric: str) -> tuple[str | None, Estimate | None]:
+    """RMIA's primary score (variant None) or its offline-LiRA variant, whichever has the higher point ``metric``
+    (ties: RMIA), with that estimate."""
+    r, lira = res.metric(rmia, metric), res.metric(rmia, f"variants:{LIRA}:{metric}")
+    if lira is not None and not math.isnan(lira.value) and (r is None or math.isnan(r.value) or lira.value > r.value):
+        return LIRA, lira
+    return None, r
 
 
 def strength_table(res: Results, scenario: str) -> pd.DataFrame:
@@ -211,28 +229,30 @@ def markdown(df: pd.DataFrame, scenario: str) -> str:
 
     presets = df.preset.nunique() > 1  # noqa: PD101 -- counts distinct presets of a small table
     head = (["preset"] if presets else []) + ["task", "baseline/view", "non-members", "FPR", "best single-signal"]
-    head += ["its TPR", "RMIA TPR", "LiRA-offline TPR", "RMIA - best", "verdict", "note"]
+    head += ["its TPR", "RMIA TPR", "LiRA-offline TPR", "stronger of the two - best", "verdict", "note"]
     rows = []
     for _, r in df.iterrows():
         fpr = "n/a" if math.isnan(r.fpr) else f"{r.fpr:.1%}".replace(".0%", "%")
         n0 = "" if math.isnan(r.n_nonmembers) else f"{r.n_nonmembers:.0f}"
         diff = _est(r, "difference") + ("" if r.paired or r["difference.method"] == "" else " (unpaired)")
+        diff = f"{r.reference_best}: {diff}" if r.reference_best else diff
         cells = ([r.preset] if presets else []) + [r.task, f"{r.baseline}/{VIEW_SHORT.get(r.view, r.view)}", n0, fpr]
         cells += [r.best_single or "-", _est(r, "best_single.tpr"), _est(r, "rmia.tpr"), _est(r, "lira_offline.tpr")]
         cells += [diff, f"**{r.verdict}**", r.note]
         rows.append([md_escape(c) for c in cells])
     return "\n".join(
         [
-            "## Attack strength on the undefended baseline: RMIA vs the best single-signal attack",
+            "## Attack strength on the undefended baseline: reference-model attacks vs the best single-signal attack",
             "",
             "Per task and membership view of the undefended baseline of each protocol (fedavg, fedsgd for FedSGD "
             "forms, lora for released models): TPR at the lowest FPR the non-members support (>= 10 / FPR per "
             "seed) of the best single-signal attack (loss_mia, max_renyi, gradient_mia and their score variants, "
-            "rmia's `neg_loss`; highest point TPR), of RMIA and of offline LiRA, with 95% intervals, and RMIA minus "
-            "the best (paired bootstrap over the shared candidates and seeds; `(unpaired)` where a variant's "
-            "per-candidate scores were not kept). **RMIA stronger**: the difference's interval lies above 0; "
-            "**not stronger**: at or below 0; else **inconclusive**. The best is chosen on the same candidates, "
-            f"which favours it. CSV: `{md_escape(scenario)}_attack_strength.csv`.",
+            "rmia's `neg_loss`; highest point TPR), of RMIA and of offline LiRA, with 95% intervals, and the "
+            "stronger of RMIA and offline LiRA (highest point TPR, named) minus the best single-signal attack "
+            "(paired bootstrap over the shared candidates and seeds; `(unpaired)` where a variant's per-candidate "
+            "scores were not kept). **reference-model stronger**: the difference's interval lies above 0; "
+            "**not stronger**: at or below 0; else **inconclusive**. Both sides are the best of their kind on the "
+            f"same candidates. CSV: `{md_escape(scenario)}_attack_strength.csv`.",
             "",
             tabulate(rows, headers=[md_escape(h) for h in head], tablefmt="github", disable_numparse=True),
             "",
