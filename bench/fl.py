@@ -117,7 +117,10 @@ def local_train(
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model, batch)
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"client {state.client}: non-finite training loss {loss.item()}")
+                raise FloatingPointError(
+                    f"training diverged: client {state.client}, round {ctx.round + 1} of {ctx.rounds}, local step "
+                    f"{steps + 1}: non-finite training loss {loss.item()}"
+                )
             loss.backward()
             opt.step()
             steps += 1
@@ -317,7 +320,7 @@ def run_federated(
             }
         for n, t in global_state.items():
             if not torch.isfinite(t).all():
-                raise FloatingPointError(f"round {r}: non-finite global parameter {n}")
+                raise FloatingPointError(f"training diverged: round {r + 1} of {fl.rounds}: non-finite global {n}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # process peak RSS
     load_state(model, global_state, global_buffers)
     res = TrainResult(

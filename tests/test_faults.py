@@ -23,6 +23,7 @@ import torch
 
 from bench import training
 from bench.cli import main
+from bench.fl import run_federated
 from bench.runner import plan, run
 from bench.store import Store
 from bench.types import Attack, Reconstructions
@@ -777,3 +778,10 @@ def _planned(scenario: str, defenses: str, attacks: str) -> int:
     from bench.registry import expand
 
     return len(plan(build_tasks([scenario], "smoke"), expand(D, defenses, full_grid=False), expand(A, attacks), [0]))
+
+
+def test_a_diverging_training_says_where_it_diverged():
+    task = toy_task(lr=1e30)  # SGD at this step size overflows within the first steps
+
+    with pytest.raises(FloatingPointError, match=r"training diverged: client \d, round 1 of 2, local step \d+"):
+        run_federated(task, FedAvg(), 0)
