@@ -14,24 +14,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Rough seconds per unit on one worker thread, by preset and scenario family: (training run, membership
-# cell, reconstruction cell). Only a fallback: earlier records in --out replace them.
-DEFAULT_COST_S: dict[str, dict[str, tuple[float, float, float]]] = {
-    "smoke": {"image-cls": (2, 1, 3), "llm-text": (3, 2, 2), "vlm-caption": (4, 2, 2), "ldm-t2i": (4, 2, 2)},
+# Rough seconds per unit on one worker thread, by preset and scenario family: a training run ("train"), an attack
+# cell by attack name where one was measured, else by kind ("membership", "reconstruction"). Only a fallback:
+# earlier records in --out replace them. The `default` figures are medians measured on the 2-core CPU machine of
+# the published snapshots (leaderboards/default*, 2026-11-25/26, --jobs 2); `paper` ones are guesses.
+DEFAULT_COST_S: dict[str, dict[str, dict[str, float]]] = {
+    "smoke": {
+        "image-cls": {"train": 2, "membership": 1, "reconstruction": 3},
+        "llm-text": {"train": 3, "membership": 2, "reconstruction": 2},
+        "vlm-caption": {"train": 4, "membership": 2, "reconstruction": 2},
+        "ldm-t2i": {"train": 4, "membership": 2, "reconstruction": 2},
+    },
     "default": {
-        "image-cls": (300, 60, 1500),
-        "llm-text": (600, 120, 120),
-        "vlm-caption": (900, 180, 180),
-        "ldm-t2i": (1200, 300, 300),
+        "image-cls": {"train": 105, "membership": 5, "reconstruction": 70, "april": 1, "rmia": 10},
+        "llm-text": {"train": 300, "membership": 50, "reconstruction": 120, "rmia": 860},
+        "vlm-caption": {"train": 3400, "membership": 320, "reconstruction": 180, "loss_mia": 100},
+        "ldm-t2i": {"train": 1200, "membership": 300, "reconstruction": 300},
     },
     "paper": {
-        "image-cls": (3000, 600, 6000),
-        "llm-text": (6000, 1200, 1200),
-        "vlm-caption": (9000, 1800, 1800),
-        "ldm-t2i": (12000, 3000, 3000),
+        "image-cls": {"train": 3000, "membership": 600, "reconstruction": 6000},
+        "llm-text": {"train": 6000, "membership": 1200, "reconstruction": 1200},
+        "vlm-caption": {"train": 9000, "membership": 1800, "reconstruction": 1800},
+        "ldm-t2i": {"train": 12000, "membership": 3000, "reconstruction": 3000},
     },
 }
-FALLBACK = (5.0, 2.0, 5.0)
+FALLBACK = {"train": 5.0, "membership": 2.0, "reconstruction": 5.0}
 
 
 @dataclass
@@ -71,18 +78,18 @@ class CostModel:
         )
 
     @staticmethod
-    def _default(task) -> tuple[float, float, float]:
+    def _default(task) -> dict[str, float]:
         return DEFAULT_COST_S.get(task.preset, {}).get(task.api.family, FALLBACK)
 
     def train_cost(self, task, defense) -> float:
-        return self.train_s.get((task.id, defense.name), self._default(task)[0])
+        return self.train_s.get((task.id, defense.name), self._default(task)["train"])
 
     def cell_cost(self, cell) -> float:
         learned = self.cell_s.get((cell.task.id, cell.attack.name, cell.view, cell.defense is None))
         if learned is not None:
             return learned
         d = self._default(cell.task)
-        return d[1] if cell.attack.kind == "membership" else d[2]
+        return d.get(cell.attack.name, d.get(cell.attack.kind, d["membership"]))
 
 
 def group_key(cell) -> tuple[str, str, int]:

@@ -202,3 +202,21 @@ def test_cost_model_learns_base_model_cells_apart_from_defended_ones(tmp_path):
 
     assert costs.cell_cost(cell(None)) == 11.0
     assert costs.cell_cost(cell(FedAvg())) == 1300.0
+
+
+def test_without_records_a_cell_costs_its_attacks_default_else_its_kinds():
+    from types import SimpleNamespace
+
+    task = SimpleNamespace(id="image-cls/vit", preset="default", api=SimpleNamespace(family="image-cls"))
+    cell = lambda name, kind: SimpleNamespace(  # noqa: E731
+        task=task, attack=SimpleNamespace(name=name, kind=kind), view="client_update", defense=FedAvg()
+    )
+    costs = CostModel()
+
+    assert costs.cell_cost(cell("april", "reconstruction")) < costs.cell_cost(
+        cell("inverting_gradients", "reconstruction")
+    )
+    assert costs.cell_cost(cell("my_recon", "reconstruction")) == costs.cell_cost(
+        cell("inverting_gradients", "reconstruction")
+    )
+    assert costs.train_cost(task, FedAvg()) > costs.cell_cost(cell("loss_mia", "membership"))
