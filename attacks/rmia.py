@@ -24,6 +24,13 @@ cells, against none with 1. The z samples are the whole z pool (top_k = -1, READ
 population_size defaults to all too). The paper's score counts LR >= gamma (documentation/mia.md:92); the
 code's strict > differs on exact ties only.
 
+Augmented queries (``queries`` > 1, image classifiers only): each candidate and each z is also scored
+mirrored and shifted by one pixel (reflect padding), the queries [RMIA]'s experiments (18 on CIFAR: mirror x
+shifts, majority vote) and [LiRA] (s.5: mirror x shifts) use. Every query gets its own signal from the target
+and the reference models; RMIA's score is the mean over queries of the per-query score (a soft majority
+vote), LiRA's the mean over queries of the per-query one-sided log-probability (each query its own Gaussian).
+``neg_loss`` stays the unaugmented single-signal score. The default 1 is the attack without augmentation.
+
 LiRA offline ([LiRA], Algorithm 1 offline): phi = log(p / (1 - p)) (logit scaling), a Gaussian
 N(mu_x, sigma^2) fitted over the OUT reference models' phi(x); one-sided test, score = log Pr[N(mu_x, sigma^2)
 <= phi_target(x)]. With few reference models sigma is the global one (std of every reference phi: the paper's
@@ -40,6 +47,7 @@ from typing import Any, Sequence
 
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 
 from bench.params import param
 from bench.reference import population_reason
@@ -83,6 +91,28 @@ def lira_offline_scores(phi_target: Tensor, phi_refs: Tensor, *, global_variance
     return torch.from_numpy(norm.logcdf(z.numpy()))
 
 
+def queries_of(n: int) -> list[tuple[bool, int, int]]:
+    """The first ``n`` augmented queries (mirror, dx, dy): the image itself, its mirror, then one-pixel shifts
+    of both (2 x 9 = 18 in all, [RMIA]'s CIFAR count)."""
+    shifts = [(0, 0)] + [(dx, dy) for dx in (-1, 0, 1) for dy in (-1, 0, 1) if (dx, dy) != (0, 0)]
+    return [(mirror, dx, dy) for dx, dy in shifts for mirror in (False, True)][:n]
+
+
+def augmented(item: Any, query: tuple[bool, int, int]) -> Any:
+    """An image classifier's candidate ``(x [C, H, W], label)`` mirrored left-right and shifted by (dx, dy)
+    pixels, the uncovered border reflected."""
+    mirror, dx, dy = query
+    if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], Tensor) and item[0].dim() == 3):
+        raise ValueError(f"augmented queries need (image [C, H, W], label) candidates, got {type(item).__name__}")
+    x, y = item
+    if mirror:
+        x = x.flip(-1)
+    if dx or dy:
+        h, w = x.shape[-2:]
+        x = F.pad(x[None], (1, 1, 1, 1), mode="reflect")[0][:, 1 - dy : 1 - dy + h, 1 - dx : 1 - dx + w]
+    return (x, y)
+
+
 @register_attack
 @dataclass
 class RMIA(Attack):
@@ -93,6 +123,7 @@ class RMIA(Attack):
     lira_global_variance: bool = True  # [LiRA]: a global variance with few reference models
     timesteps: int = param(10, ge=0, le=1000)  # diffusion steps of the loss (only with api.diffusion_ops)
     batch_size: int = param(16, ge=1, le=4096)
+    queries: int = param(1, ge=1, le=18, added=True)  # augmented queries per candidate (image classifiers)
 
     views = ("global_model", "client_model", "released_model")
     kind = "membership"
@@ -105,6 +136,8 @@ class RMIA(Attack):
     budget = {"n_reference": 1, "n_population": 64, "timesteps": 2}
 
     def applies(self, task: TaskSpec) -> str | None:
+        if self.queries > 1 and task.family != "image-cls":
+            return f"augmented queries (queries={self.queries}) need an image classifier; {task.family} has none"
         return population_reason(task)
 
     def run(self, obs: Observation, candidates: Sequence[Any] | None) -> Scores:
@@ -119,32 +152,48 @@ class RMIA(Attack):
         refs = obs.reference.models(self.n_reference)
         z = obs.reference.population(self.n_population)
 
-        def losses(model, xs: list[Any], what: str) -> Tensor:  # seeded by the cell; shared through obs.signals
-            return per_sample_losses(
-                obs.api,
-                model,
-                xs,
-                batch_size=self.batch_size,
-                timesteps=steps,
-                desc=f"rmia {what}",
-                seed=obs.seed,
-                cache=obs.signals,
-            ).mean(1)
+        queries = queries_of(self.queries)
+
+        def losses(model, xs: list[Any], what: str) -> Tensor:  # [N, Q]; seeded by the cell, shared (obs.signals)
+            cols = [
+                per_sample_losses(
+                    obs.api,
+                    model,
+                    xs if q == 0 else [augmented(x, query) for x in xs],
+                    batch_size=self.batch_size,
+                    timesteps=steps,
+                    desc=f"rmia {what}" + (f" q{q}" if q else ""),
+                    seed=obs.seed,
+                    cache=obs.signals,
+                ).mean(1)
+                for q, query in enumerate(queries)
+            ]
+            return torch.stack(cols, 1)
 
         lx, lz = losses(obs.model, items, "candidates"), losses(obs.model, z, "z")
-        lx_refs = torch.stack([losses(m, items, f"ref{r} candidates") for r, m in enumerate(refs)], 1)
+        lx_refs = torch.stack([losses(m, items, f"ref{r} candidates") for r, m in enumerate(refs)], 1)  # [N, R, Q]
         lz_refs = torch.stack([losses(m, z, f"ref{r} z") for r, m in enumerate(refs)], 1)
         p = lambda loss: torch.exp(-loss)  # noqa: E731 - p(x | theta), module doc
+        per_query = range(len(queries))
+        rmia = [
+            rmia_scores(p(lx[:, q]), p(lx_refs[..., q]), p(lz[:, q]), p(lz_refs[..., q]), a=self.a, gamma=self.gamma)
+            for q in per_query
+        ]
+        lira = [
+            lira_offline_scores(
+                logit_from_loss(lx[:, q]), logit_from_loss(lx_refs[..., q]), global_variance=self.lira_global_variance
+            )
+            for q in per_query
+        ]
         scores = {
-            "rmia": rmia_scores(p(lx), p(lx_refs), p(lz), p(lz_refs), a=self.a, gamma=self.gamma),
-            "lira_offline": lira_offline_scores(
-                logit_from_loss(lx), logit_from_loss(lx_refs), global_variance=self.lira_global_variance
-            ),
-            "neg_loss": -lx,
+            "rmia": torch.stack(rmia).mean(0),
+            "lira_offline": torch.stack(lira).mean(0),
+            "neg_loss": -lx[:, 0],
         }
         details = {  # what the attacker was assumed to know and how it scored (the record's attack_details)
             "attacker_knowledge": obs.reference.knowledge(),
             "rmia": {"gamma": self.gamma, "a": self.a, "n_z": len(z)},
+            "queries": [list(q) for q in queries] if len(queries) > 1 else "the candidate only",
             "lira_offline": {"global_variance": self.lira_global_variance or len(refs) < 2},
         }
         return Scores(scores, primary="rmia", details=details)

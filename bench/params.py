@@ -13,6 +13,10 @@ Fields without a declaration get the generic rule, so a contributed method is ch
 
 NaN is never valid. ``+inf`` is accepted only where declared (``allow_inf=True``, e.g. Rényi order inf).
 
+A field added to a method after records of it exist is declared ``param(..., added=True)`` with the default
+that reproduces the earlier behaviour: at that default it is left out of the resolved parameters
+(``bench.types.params_of``), so earlier records, training caches and cell ids stay valid.
+
 Also here: the check of what a defense reports (an epsilon must be None or finite and >= 0, else the
 cell fails) and of the harness's own values (``--seeds`` bounded, ``--out`` a writable directory).
 """
@@ -32,6 +36,7 @@ from typing import Any, Mapping
 from .errors import UsageError
 
 RANGE_KEY = "bench_range"
+ADDED_KEY = "bench_added"  # a field added later: left out of the resolved parameters at its default
 INT_MAX = 2**31 - 1
 
 
@@ -90,11 +95,13 @@ def param(
     le: float | None = None,
     lt: float | None = None,
     allow_inf: bool = False,
+    added: bool = False,
     **kwargs: Any,
 ) -> Any:
-    """A dataclass field with a declared valid range (for a tuple field: of each element)."""
+    """A dataclass field with a declared valid range (for a tuple field: of each element); ``added``: a field
+    added after records existed, whose default reproduces the earlier behaviour (module doc)."""
     rng = Range(ge=ge, gt=gt, le=le, lt=lt, allow_inf=allow_inf)
-    meta = {**kwargs.pop("metadata", {}), RANGE_KEY: rng}
+    meta = {**kwargs.pop("metadata", {}), RANGE_KEY: rng, **({ADDED_KEY: True} if added else {})}
     return dataclasses.field(default=default, metadata=meta, **kwargs)
 
 

@@ -14,6 +14,8 @@ from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence, Sized, c
 import torch
 from torch import Tensor, nn
 
+from .params import ADDED_KEY
+
 View = Literal["global_model", "client_model", "client_update", "released_model"]
 VIEWS: tuple[str, ...] = ("global_model", "client_model", "client_update", "released_model")
 AttackKind = Literal["membership", "reconstruction"]
@@ -324,10 +326,15 @@ class Reconstructions:
 
 
 def params_of(obj: Any) -> dict[str, Any]:
-    """Hyper-parameters of a defense or attack dataclass, as plain values."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
-    return {}
+    """Hyper-parameters of a defense or attack dataclass, as plain values; a field declared
+    ``param(..., added=True)`` is left out at its default (``bench.params``: earlier records stay valid)."""
+    if not dataclasses.is_dataclass(obj):
+        return {}
+    return {
+        f.name: getattr(obj, f.name)
+        for f in dataclasses.fields(obj)
+        if f.init and not (f.metadata.get(ADDED_KEY) and getattr(obj, f.name) == f.default)
+    }
 
 
 class Defense(abc.ABC):

@@ -12,11 +12,21 @@ import torch
 from sklearn.metrics import roc_curve
 
 from attacks.loss_mia import LossMIA
-from attacks.rmia import RMIA, lira_offline_scores, logit_from_loss, offline_pr, rmia_scores
+from attacks.rmia import (
+    RMIA,
+    augmented,
+    lira_offline_scores,
+    logit_from_loss,
+    offline_pr,
+    queries_of,
+    rmia_scores,
+)
 from bench import reference as ref
 from bench.cells import run_membership
 from bench.fl import run_federated, split_clients
 from bench.signal_cache import fingerprint
+from bench.training import label
+from bench.types import params_of
 from defenses.fedavg import FedAvg
 from tests.toy import toy_task
 
@@ -181,12 +191,24 @@ def test_positive_control_rmia_beats_the_loss_threshold_on_the_undefended_toy(tr
     assert got["reference"]["n_reference"] == 2 and got["reference"]["setting"] == "offline"
 
 
-def test_negative_control_a_target_that_never_saw_the_members_is_at_chance(trained, tmp_path):
+def test_positive_control_with_augmented_queries(trained, tmp_path):
+    task, defense, train = trained
+
+    got = run_membership(task, defense, RMIA(queries=4), "global_model", train, 0, cache_root=tmp_path)
+
+    # members are detected; not asserted to beat the loss attack here: the toy images are random noise, whose
+    # mirror or shift is just another noise image (on natural images the queries carry the member's signal)
+    assert got["metrics"]["auroc"]["ci_low"] > 0.55, got["metrics"]["auroc"]
+    assert len(got["attack_details"]["queries"]) == 4
+
+
+@pytest.mark.parametrize("queries", [1, 4])
+def test_negative_control_a_target_that_never_saw_the_members_is_at_chance(trained, tmp_path, queries):
     task, defense, _ = trained
     other = replace(task, client_data=[task.population[:32], task.population[32:64], task.population[64:96]])
     _, train_other = run_federated(other, defense, 0)  # trained on data disjoint from every candidate
 
-    got = run_membership(task, defense, RMIA(), "global_model", train_other, 0, cache_root=tmp_path)
+    got = run_membership(task, defense, RMIA(queries=queries), "global_model", train_other, 0, cache_root=tmp_path)
 
     auroc = got["metrics"]["auroc"]
     assert auroc["ci_low"] <= 0.5 <= auroc["ci_high"], auroc
@@ -356,3 +378,41 @@ def test_a_failed_reference_run_fails_only_the_cells_that_need_it(tmp_path):
     assert got == "failed" and why.startswith("reference run ") and why.endswith(" failed: boom"), why
     assert status[("fedavg", "loss_mia", "global_model")][0] == "ok"
     assert status[("base", "rmia", "global_model")][0] == "ok"  # the base model is its own reference
+
+
+# ----------------------------------------------------------------------------------------------
+# augmented queries
+
+
+def test_queries_are_the_image_its_mirror_then_one_pixel_shifts_of_both():
+    qs = queries_of(18)
+
+    assert qs[:4] == [(False, 0, 0), (True, 0, 0), (False, -1, -1), (True, -1, -1)]
+    assert len(set(qs)) == 18 and queries_of(1) == [(False, 0, 0)]
+
+
+def test_an_augmented_query_mirrors_and_shifts_with_a_reflected_border():
+    x = torch.arange(2 * 4 * 5, dtype=torch.float32).reshape(2, 4, 5)
+
+    mirrored, _ = augmented((x, 3), (True, 0, 0))
+    right, label = augmented((x, 3), (False, 1, 0))
+    down, _ = augmented((x, 3), (False, 0, 1))
+
+    assert torch.equal(mirrored, x.flip(-1)) and label == 3
+    assert torch.equal(right[..., 1:], x[..., :-1]) and torch.equal(right[..., 0], x[..., 1])  # reflected
+    assert torch.equal(down[:, 1:], x[:, :-1]) and right.shape == x.shape == down.shape
+    with pytest.raises(ValueError, match="image"):
+        augmented(("a caption", 3), (True, 0, 0))
+
+
+def test_queries_is_left_out_of_the_parameters_at_its_default_so_earlier_records_stay_valid():
+    assert "queries" not in params_of(RMIA()) and label(RMIA()) == "rmia"
+    assert params_of(RMIA(queries=18))["queries"] == 18 and label(RMIA(queries=18)) == "rmia(queries=18)"
+
+
+def test_augmented_queries_need_an_image_classifier():
+    api = _population_task(rounds=1).api
+
+    assert RMIA(queries=2).applies(api) is None
+    assert "image classifier" in RMIA(queries=2).applies(replace(api, family="llm-text"))
+    assert RMIA().applies(replace(api, family="llm-text")) is None
