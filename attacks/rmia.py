@@ -157,37 +157,40 @@ class RMIA(Attack):
         z = obs.reference.population(self.n_population)
 
         queries = queries_of(self.queries)
+        # each query's items, built once and scored by the target and every reference model
+        qx = [items if q == 0 else [augmented(x, query) for x in items] for q, query in enumerate(queries)]
+        qz = [z if q == 0 else [augmented(x, query) for x in z] for q, query in enumerate(queries)]
 
-        def losses(model, xs: list[Any], what: str) -> Tensor:  # [N, Q]; seeded by the cell, shared (obs.signals)
+        def losses(model, per_query: list[list[Any]], what: str) -> Tensor:  # [N, Q]; seeded, shared (obs.signals)
             cols = [
                 per_sample_losses(
                     obs.api,
                     model,
-                    xs if q == 0 else [augmented(x, query) for x in xs],
+                    xs,
                     batch_size=self.batch_size,
                     timesteps=steps,
                     desc=f"rmia {what}" + (f" q{q}" if q else ""),
                     seed=obs.seed,
                     cache=obs.signals,
                 ).mean(1)
-                for q, query in enumerate(queries)
+                for q, xs in enumerate(per_query)
             ]
             return torch.stack(cols, 1)
 
-        lx, lz = losses(obs.model, items, "candidates"), losses(obs.model, z, "z")
-        lx_refs = torch.stack([losses(m, items, f"ref{r} candidates") for r, m in enumerate(refs)], 1)  # [N, R, Q]
-        lz_refs = torch.stack([losses(m, z, f"ref{r} z") for r, m in enumerate(refs)], 1)
+        lx, lz = losses(obs.model, qx, "candidates"), losses(obs.model, qz, "z")
+        lx_refs = torch.stack([losses(m, qx, f"ref{r} candidates") for r, m in enumerate(refs)], 1)  # [N, R, Q]
+        lz_refs = torch.stack([losses(m, qz, f"ref{r} z") for r, m in enumerate(refs)], 1)
         p = lambda loss: torch.exp(-loss)  # noqa: E731 - p(x | theta), module doc
-        per_query = range(len(queries))
+        nq = range(len(queries))
         rmia = [
             rmia_scores(p(lx[:, q]), p(lx_refs[..., q]), p(lz[:, q]), p(lz_refs[..., q]), a=self.a, gamma=self.gamma)
-            for q in per_query
+            for q in nq
         ]
         lira = [
             lira_offline_scores(
                 logit_from_loss(lx[:, q]), logit_from_loss(lx_refs[..., q]), global_variance=self.lira_global_variance
             )
-            for q in per_query
+            for q in nq
         ]
         scores = {
             "rmia": torch.stack(rmia).mean(0),
