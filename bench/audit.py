@@ -19,8 +19,9 @@ bound then holds with probability >= ``confidence``. Pure numpy/scipy; the harne
 
 Caveat: Jagielski et al. count one trial per training run. The suite scores many candidates of one run,
 treating them as independent trials; that is a heuristic (candidates share the run, the split is fixed per
-seed), so the bound is an empirical audit, not a proof. A rigorous one-run audit (Steinke, Nasr & Jagielski,
-"Privacy Auditing with One (1) Training Run", NeurIPS 2023) needs canaries included at random: not built.
+seed), so the bound is an empirical audit, not a proof. The one-run audit of Steinke, Nasr & Jagielski
+("Privacy Auditing with One (1) Training Run", NeurIPS 2023), which needs no such independence, is in
+``bench.one_run_audit`` (candidates paired so that each pair is an independent coin).
 """
 
 from __future__ import annotations

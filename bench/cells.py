@@ -347,6 +347,10 @@ def run_membership(
     # Per-candidate primary scores, ground truth and ids (seeds pool, rows pair on ids); every other score
     # variant's too, so any two scores compare paired on the same candidates (attack strength, [FedRand] Table 4).
     per_candidate = {"score": [float(v) for v in arrays[primary]], "member": [int(v) for v in y], "id": ids}
+    m_lab, n_lab = labels_of(pool), labels_of(nonmembers)
+    if m_lab is not None and n_lab is not None:  # the one-run audit pairs within a class (bench.one_run_audit)
+        lab = {"m": m_lab, "n": n_lab}
+        per_candidate["label"] = [int(lab[c[0]][int(c[2:])]) for c in ids]
     kept = {k: [float(v) for v in arrays[k]] for k in arrays if k != primary}
     if kept:
         per_candidate["variants"] = kept

@@ -23,6 +23,7 @@ from .accounting import privacy_record
 from .audit import audit_delta, record_bound
 from .cells import RANDOM_IMAGE_CONTROL, probe_observations, run_membership, run_reconstruction
 from .device import autocast, precision_of
+from .one_run_audit import record_bound as one_run_record
 from .params import check_privacy
 from .progress import REPORT_S, progress_bar, unit_progress
 from .run_state import resolve_delta
@@ -356,6 +357,8 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
         rec["privacy"]["epsilon_lower_bound"] = record_bound(
             rec["per_candidate"], delta=audit_delta(rec["privacy"].get("delta")), attack=rec["attack_label"]
         )
+        one = one_run_record(rec, delta=audit_delta(rec["privacy"].get("delta")))  # Steinke et al. 2023, paired
+        rec["privacy"]["epsilon_one_run_lower_bound"] = {**one.as_dict(), "attack": rec["attack_label"]}
     try:
         store.write(rec)
     except (TypeError, ValueError) as e:  # unserialisable or failing the schema: keep the cell, as failed

@@ -23,8 +23,10 @@ from pydantic import (
 
 SCHEMA_VERSION = 1
 # Additive changes within schema 1 (new optional fields, relaxed requirements) bump the revision; a record carries
-# the revision of the code that wrote it. Revision 2: reconstruction per_candidate without ``member``.
-SCHEMA_REVISION = 2
+# the revision of the code that wrote it. Revision 2: reconstruction per_candidate without ``member``. Revision 3:
+# membership per_candidate ``label`` (each candidate's class where the pools have classes; the one-run audit pairs
+# within a class) and privacy ``epsilon_one_run_lower_bound``.
+SCHEMA_REVISION = 3
 STATUSES = ("ok", "n/a", "failed")
 VIEWS = ("global_model", "client_model", "client_update", "released_model")
 
@@ -70,12 +72,13 @@ class PerCandidate(_Open):
     member: list[Literal[0, 1]] | None = None
     variants: dict[str, list[Finite]] = {}
     id: list[StrictStr] | None = None
+    label: list[StrictInt] | None = None  # membership, revision >= 3: the candidate's class, where the pools have one
 
     @model_validator(mode="after")
     def _lengths(self) -> PerCandidate:
         n = len(self.score)
         lengths = {f"variants.{k}": len(v) for k, v in self.variants.items()}
-        for name in ("member", "id"):
+        for name in ("member", "id", "label"):
             if getattr(self, name) is not None:
                 lengths[name] = len(getattr(self, name))
         bad = {k: v for k, v in lengths.items() if v != n}

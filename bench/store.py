@@ -5,12 +5,13 @@ Schema (``schema_version`` 1), documented in README.md "Result records":
   attack_label, attack_kind, view, seed, status ("ok" | "n/a" | "failed"), reason,
   metrics {name: {value, ci_low, ci_high}}, variants {score name: {metric: value}} (membership),
   per_sample {metric: [values per image]} (reconstruction), roc {fpr, tpr},
-  per_candidate {score, member, variants {score name: [scores]} for every score but the primary, id} (membership;
+  per_candidate {score, member, variants {score name: [scores]} for every score but the primary, id, label} (membership;
   reconstruction: {id, score (the ``primary`` metric, ssim), variants {metric: [values per target], ssim_random (the
   negative control)}}, no member), negative_control (reconstruction),
   utility {name: value},
   privacy {epsilon, epsilon_composed, delta, sample_rate, note, epsilon_lower_bound {value, confidence, delta,
-  attack, ...} (membership: the empirical audit, bench/audit.py)},
+  attack, ...} (membership: the empirical audit, bench/audit.py), epsilon_one_run_lower_bound {value, pairs, ...}
+  (membership, revision >= 3: bench/one_run_audit.py)},
   cost {bytes_up_per_round, bytes_down_per_round, params_up_per_round, train_wall_s, attack_wall_s,
   peak_mem_mb}, artifacts {name: path relative to the output dir}, provenance {code_version, packages,
   config_hash, started_at, ...}.

@@ -250,3 +250,29 @@ def test_reconstruction_targets_and_their_ids_do_not_depend_on_the_defense_or_se
     assert pc["score"] == out["per_sample"]["ssim"] and pc["variants"]["psnr"] == out["per_sample"]["psnr"]
     # the negative control: random images scored on the same targets, near SSIM 0 (bench.controls)
     assert len(pc["variants"]["ssim_random"]) == len(ids) and abs(out["metrics"]["ssim_random"]["value"]) < 0.1
+
+
+class _Labelled(list):
+    """A toy dataset (a list of (x, y)) that exposes its classes, as the scenarios' datasets do."""
+
+    @property
+    def labels(self) -> list[int]:
+        return [int(y) for _, y in self]
+
+
+def test_membership_records_name_each_candidates_class_for_the_one_run_audit():
+    # arrange: the toy task with datasets that expose their classes
+    from dataclasses import replace
+
+    base = toy_task()
+    task = replace(
+        base, client_data=[_Labelled(c) for c in base.client_data], nonmembers=_Labelled(base.nonmembers or [])
+    )
+    # act
+    pc = run_membership(task, None, ToyLossMIA(), "global_model", None, 3)["per_candidate"]
+    plain = run_membership(base, None, ToyLossMIA(), "global_model", None, 3)["per_candidate"]
+    # assert: every candidate's class, by id, from the pool it came from; none where the datasets have no classes
+    pool = [it for c in task.client_data for it in c]
+    want = [pool[int(i[2:])][1] if i[0] == "m" else task.nonmembers[int(i[2:])][1] for i in pc["id"]]
+    assert pc["label"] == want and len(set(want)) > 1
+    assert "label" not in plain

@@ -44,6 +44,8 @@ def test_matrix_records_every_cell_with_status(tmp_path):
     assert by[("exploding", "toy_loss", "global_model")]["status"] == "failed"
     assert "boom" in by[("exploding", "toy_loss", "global_model")]["reason"]
     assert by[("base", "toy_loss", "global_model")]["status"] == "ok"
+    one = by[("fedavg", "toy_loss", "client_model")]["privacy"]["epsilon_one_run_lower_bound"]  # bench.one_run_audit
+    assert one["pairs"] > 0 and one["value"] >= 0 and one["attack"] == "toy_loss"
     ok = by[("flrsp(R=0.8)", "toy_recon", "client_update")]
     assert ok["status"] == "ok" and 0 <= ok["metrics"]["ssim"]["value"] <= 1
     assert ok["cost"]["bytes_up_per_round"] > 0 and "accuracy" in ok["utility"]

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent  # bench/
 CODE_GLOBS = (
     (ROOT / "report", "*.py"),
     (ROOT, "audit.py"),
+    (ROOT, "one_run_audit.py"),
     (ROOT, "bootstrap.py"),
     (ROOT, "controls.py"),
     (ROOT, "figures.py"),

@@ -87,6 +87,10 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
             row["privacy.epsilon_lower_bound.confidence"] = au["confidence"]
             row["privacy.epsilon_lower_bound.delta"] = au["delta"]
             row["dp_violation"] = au["violation"]
+            if au["one_run_lower_bound"] is not None:  # Steinke et al. 2023 on member / non-member pairs
+                row["privacy.epsilon_one_run_lower_bound"] = au["one_run_lower_bound"]
+                row["privacy.epsilon_one_run_lower_bound.attack"] = au["one_run_attack"]
+                row["privacy.epsilon_one_run_lower_bound.pairs"] = au["one_run_pairs"]
         for k in (
             "bytes_up_per_round",
             "bytes_down_per_round",
