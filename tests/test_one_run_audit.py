@@ -131,3 +131,13 @@ def test_a_broken_dp_mechanism_is_flagged_by_the_one_run_bound_and_old_records_a
     assert 0.0 <= au_h["one_run_lower_bound"] <= 1.0
     assert au_o["one_run_lower_bound"] is None and au_o["one_run_attack"] is None
     assert rows["dp_old"]["one_run"].startswith("n/a") and "pairs" in rows["dp_broken"]["one_run"]
+
+
+def test_tightness_uses_the_larger_of_the_two_bounds():
+    # arrange / act / assert: a one-run bound above the ROC bound sets the ratio
+    from bench.report.audit import tightness
+
+    assert tightness({"claimed": 2.0, "lower_bound": 0.5, "one_run_lower_bound": 1.0, "violation": False}).endswith(
+        "= 2x"
+    )
+    assert "= 4x" in tightness({"claimed": 2.0, "lower_bound": 0.5, "one_run_lower_bound": None, "violation": False})

@@ -109,9 +109,9 @@ def tightness(audit: dict[str, Any]) -> str:
     if c is None:
         return "no epsilon claimed"
     one = audit.get("one_run_lower_bound")
+    lb = max(lb, one or 0.0)  # the larger of the ROC bound and the one-run bound (both hold at 95%)
     if audit["violation"]:
-        worst = max(lb, one or 0.0)
-        return f"VIOLATION: claimed {c:.3g} < audited lower bound {worst:.3g}"
+        return f"VIOLATION: claimed {c:.3g} < audited lower bound {lb:.3g}"
     if lb <= 0:
         return f"claimed {c:.3g}; audited lower bound 0 (no attack shows any leakage: ratio unbounded)"
     return f"claimed {c:.3g} / audited {lb:.3g} = {c / lb:.3g}x"
