@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from bench.accounting import gaussian_sigma
 from bench.one_run_audit import auditable, one_run_bound, p_value, pair_candidates
 from bench.report.audit import dp_rows, row_audit
 from bench.report.results import Results
 from bench.report.tables import scenario_table
+from tests.test_audit import _dp_record, _gaussian_mean_scores
 
 
 def test_p_value_matches_hand_computed_values():
@@ -82,38 +82,14 @@ def test_pairs_stay_within_a_class_and_ignore_the_scores():
 
 
 def _record(defense: str, scores, members, *, claimed: float, revision: int | None) -> dict:
-    return {
-        "cell_id": f"toy-{defense}",
-        "scenario": "toy",
-        "task": "toy/mean",
-        "preset": "smoke",
-        "seed": 0,
-        "schema_revision": revision,
-        "defense": defense,
-        "defense_params": {},
-        "defense_label": defense,
-        "attack": "mean_mia",
-        "attack_params": {},
-        "attack_label": "mean_mia",
-        "attack_kind": "membership",
-        "view": "global_model",
-        "status": "ok",
-        "utility": {"accuracy": 0.5},
-        "cost": {},
-        "privacy": {"epsilon": claimed, "epsilon_composed": claimed, "delta": 1e-5, "note": ""},
-        "metrics": {"auroc": {"value": 0.5, "ci_low": 0.4, "ci_high": 0.6}},
-        "primary": "score",
-        "per_candidate": {"score": list(scores), "member": list(members)},
-        "provenance": {"code_version": "test", "config_hash": "cfg", "started_at": "2026-01-01T00:00:00Z"},
-    }
+    """test_audit's toy DP record, written at schema ``revision`` (3: the one-run audit applies)."""
+    return {**_dp_record(defense, list(scores), list(members), 1e-5, claimed=claimed), "schema_revision": revision}
 
 
 def _gaussian_mean(sigma_divisor: float, n_trials: int, seed: int) -> tuple[list[float], list[int]]:
-    """A (1, 1e-5)-DP mean of 100 values in [0, 1] (noise divided by ``sigma_divisor``); the target is in or out."""
-    rng = np.random.default_rng(seed)
-    sigma = gaussian_sigma(1.0, 1e-5, 1.0 / 100) / sigma_divisor
-    target = np.r_[np.ones(n_trials), np.zeros(n_trials)]
-    return (target / 100 + rng.normal(0.0, sigma, 2 * n_trials)).tolist(), target.astype(int).tolist()
+    """test_audit's (1, 1e-5)-DP toy mean (noise divided by ``sigma_divisor``): scores and membership."""
+    scores, members, _ = _gaussian_mean_scores(sigma_divisor=sigma_divisor, n_trials=n_trials, seed=seed)
+    return scores, members
 
 
 def test_a_broken_dp_mechanism_is_flagged_by_the_one_run_bound_and_old_records_are_not_audited():
