@@ -68,11 +68,11 @@ def p_value(*, m: int, r: int, v: int, epsilon: float, delta: float) -> float:
     if epsilon < 0 or not 0.0 <= delta <= 1.0:
         raise ValueError(f"need epsilon >= 0 and delta in [0, 1], got {epsilon}, {delta}")
     q = 1.0 / (1.0 + math.exp(-epsilon))
-    tail = 1.0 - float(_binom_cdf(np.array(v - 1), r, q))  # P[Bin(r, q) >= v]
+    below = float(_binom_cdf(np.array(v - 1), r, q))  # P[Bin(r, q) < v]
+    tail = 1.0 - below  # P[Bin(r, q) >= v]
     if delta == 0.0 or v == 0:
         return min(1.0, tail)
     i = np.arange(1, v + 1)
-    below = float(_binom_cdf(np.array(v - 1), r, q))
     window = below - _binom_cdf(v - 1 - i, r, q)  # P[v > Bin >= v - i]
     return min(1.0, tail + 2.0 * m * delta * float(np.max(window / i)))
 
