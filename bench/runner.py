@@ -354,11 +354,11 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
     rec["utility"] = dict(train.utility) if train is not None else {}
     rec["privacy"] = _privacy(task, defense, train)
     if rec.get("status") == "ok" and cell.attack.kind == "membership" and rec.get("per_candidate"):  # bench.audit
-        rec["privacy"]["epsilon_lower_bound"] = record_bound(
-            rec["per_candidate"], delta=audit_delta(rec["privacy"].get("delta")), attack=rec["attack_label"]
-        )
-        one = one_run_record(rec, delta=audit_delta(rec["privacy"].get("delta")))  # Steinke et al. 2023, paired
-        rec["privacy"]["epsilon_one_run_lower_bound"] = {**one.as_dict(), "attack": rec["attack_label"]}
+        delta = audit_delta(rec["privacy"].get("delta"))
+        attack = rec["attack_label"]
+        rec["privacy"]["epsilon_lower_bound"] = record_bound(rec["per_candidate"], delta=delta, attack=attack)
+        one = one_run_record(rec, delta=delta)  # Steinke et al. 2023, on member / non-member pairs
+        rec["privacy"]["epsilon_one_run_lower_bound"] = {**one.as_dict(), "attack": attack}
     try:
         store.write(rec)
     except (TypeError, ValueError) as e:  # unserialisable or failing the schema: keep the cell, as failed

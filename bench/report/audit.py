@@ -86,7 +86,6 @@ def row_audit(recs: Sequence[dict]) -> dict[str, Any] | None:
         "one_run_attack": one_where,
         "one_run_pairs": None if one is None else one.pairs,
         "violation": bool(violation or one_violation),
-        "violation_by": "one-run" if one_violation else "ROC" if violation else None,
     }
 
 
