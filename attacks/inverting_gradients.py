@@ -9,13 +9,15 @@ run it with Adam, lr 1e-4, 24,000 iterations; the defaults here follow the Inver
 preset (lr 0.1, step decay); the iteration count defaults to the scenario's
 ``api.image.inversion_iterations`` (300 where a task gives none).
 
-Each target is optimised on its own with plain autograd: the client's gradient with ``create_graph``
-w.r.t. the matched parameters only, the cosine as per-tensor dot products against target norms
-computed once, its derivative in closed form, then one vector-Jacobian product to the dummy image
-(per iteration 3.6-4.0x one forward+backward of ResNet34 with train-mode BatchNorm, 2.8x of the ViT,
-thread CPU time, one thread; ``tests/bench_inversion.py``). Where it goes (profiled, 32 px, batch 1): the
+Each target is optimised on its own. Compiled (``compiled="auto"`` on cells of >= COMPILE_MIN_ITERATIONS
+iterations; attacks/_compiled_matching.py): torch.func's gradient of the cosine of torch.func's gradient,
+one ``torch.compile``d graph per architecture, 2.0x one forward+backward of ResNet34 with train-mode
+BatchNorm and 1.2-1.35x of the ViT per iteration (thread CPU time, one thread; ``tests/bench_inversion.py``).
+Eager, with plain autograd: the client's gradient with ``create_graph`` w.r.t. the matched parameters
+only, the cosine as per-tensor dot products against target norms computed once, its derivative in
+closed form, then one vector-Jacobian product to the dummy image (3.5-4.0x of ResNet34, 2.8x of the ViT). Where it goes (profiled, 32 px, batch 1): the
 double backward runs 7 convolutions per conv layer against a forward+backward's 3, and train-mode
-BatchNorm's double backward adds ~0.5 of a forward+backward (3.2x in eval mode). Measured no faster:
+BatchNorm's double backward adds ~0.5 of a forward+backward (3.2x in eval mode). Measured no faster (eager):
 channels_last, MKLDNN on/off, a closed-form BatchNorm double backward as an ``autograd.Function``
 (1.25x slower: Python per-op overhead); the TV gradient in closed form, in-place box clamps and foreach
 cotangents gave 1-3% (the same iterates, bit for bit).
@@ -43,14 +45,16 @@ Modelling choices (documented for the leaderboard reader):
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, replace_all_batch_norm_modules_
 from torch.nn import functional as F
 
+from attacks._compiled_matching import compiled_matching_step, compiler_missing
 from bench.params import param
 from bench.progress import nested, progress
 from bench.registry import register_attack
@@ -201,6 +205,11 @@ def _forward_ok(model: nn.Module, shape: Sequence[int], batch: int) -> bool:
 # ----------------------------------------------------------------------------------------------
 # the attack
 
+# compiled="auto" compiles a cell whose targets x restarts x iterations reach this: a warm compile (~15 s)
+# pays for itself within a few hundred ResNet34 iterations, a cold one (2-5 min once per machine) within a
+# default cell's 2,400 (module doc); smoke and conformance runs stay eager
+COMPILE_MIN_ITERATIONS = 2_000
+
 
 @dataclass
 class _Job:
@@ -243,6 +252,9 @@ class InvertingGradients(Attack):
     mask_zeros: bool = False
     model_mode: Literal["auto", "train", "eval"] = "auto"
     unroll_local_steps: bool = True
+    # "auto": compiled (attacks/_compiled_matching.py) when the cell runs >= COMPILE_MIN_ITERATIONS iterations
+    # and a compiler is present, else eager; a failed auto compile falls back to eager and says so
+    compiled: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         if (self.iterations is not None and self.iterations < 1) or self.restarts < 1:
@@ -263,10 +275,17 @@ class InvertingGradients(Attack):
     def run_batch(self, observations: Sequence[Observation]) -> list[Reconstructions]:
         """Reconstruct every observation's inputs, one target at a time (module doc: jointly
         optimising targets with ``vmap`` was slower per target-iteration on ResNet34 and the ViT)."""
+        total = sum(self._iterations(o) for o in observations) * self.restarts
+        auto = self.compiled == "auto" and total >= COMPILE_MIN_ITERATIONS
+        engine = "compiled" if self.compiled == "on" or auto else "eager"
         return [
-            self._optimise(self._prepare(o))  # the unit's main loop: the run's bar follows the targets
+            self._optimise(self._prepare(o), engine)  # the unit's main loop: the run's bar follows the targets
             for o in progress(observations, desc="targets", leave=False, unit=True)
         ]
+
+    def _iterations(self, obs: Observation) -> int:
+        image = obs.api.image
+        return self.iterations or (image.inversion_iterations if image is not None else 300)
 
     # -- preparation ------------------------------------------------------------------------
 
@@ -316,12 +335,11 @@ class InvertingGradients(Attack):
             return lo.cpu() + (hi - lo).cpu() * torch.rand(size, generator=gen)
         return torch.zeros(size)
 
-    def _optimise(self, job: _Job) -> Reconstructions:
-        image = job.obs.api.image
-        its = self.iterations or (image.inversion_iterations if image is not None else 300)
+    def _optimise(self, job: _Job, engine: str = "eager") -> Reconstructions:
+        its = self._iterations(job.obs)
         results = []
         for r in nested(range(self.restarts)):
-            run = self.start(job, restart=r, iterations=its)
+            run = self.start(job, restart=r, iterations=its, engine=engine)
             desc = "inverting gradients" + (f" (restart {r + 1}/{self.restarts})" if self.restarts > 1 else "")
             for _ in progress(range(its), desc=desc, leave=False):
                 run.step()
@@ -338,11 +356,13 @@ class InvertingGradients(Attack):
             "message_kind": job.info["kind"],
             "unrolled_steps": job.unroll,
             "mask_zeros": self.mask_zeros,
+            "engine": run.engine,
         }
         return Reconstructions(images=results[best][1].clone(), labels=job.labels.clone(), details=details)
 
-    def start(self, job: _Job, *, restart: int, iterations: int) -> _Run:
-        """Set up one restart's optimisation (model copy, target norms, dummy, optimiser)."""
+    def start(self, job: _Job, *, restart: int, iterations: int, engine: str = "eager") -> _Run:
+        """Set up one restart's optimisation (model copy, target norms, dummy, optimiser); ``engine``
+        "compiled" runs each iteration as one compiled graph (attacks/_compiled_matching.py)."""
         api, target = job.obs.api, job.obs.model
         assert api.image is not None and target is not None  # applies() and _prepare() checked both
         shape = tuple(api.image.input_shape)
@@ -369,7 +389,7 @@ class InvertingGradients(Attack):
             if self.lr_decay
             else None
         )
-        return _Run(
+        run = _Run(
             self,
             _SimulatedUpdate(model, p0, unroll=job.unroll, lr=job.lr),
             match,
@@ -380,6 +400,16 @@ class InvertingGradients(Attack):
             (lo, hi) if self.boxed else None,
             mode_note,
         )
+        if engine == "compiled":
+            missing = compiler_missing(device)
+            if missing is None:
+                run.fused = _fused_step(model, job, match, run.y, device)
+                run.engine = "compiled"
+            elif self.compiled == "on":
+                raise RuntimeError(f"inverting_gradients compiled='on', but {missing}; use compiled='auto' or 'off'")
+            else:
+                run.engine = f"eager ({missing})"
+        return run
 
 
 @dataclass
@@ -395,16 +425,20 @@ class _Run:
     sched: Any
     box: tuple[Tensor, Tensor] | None
     mode_note: str
+    fused: Callable[[Tensor], Tensor] | None = None  # the compiled iteration's input gradient, if any
+    engine: str = "eager"
 
     def step(self) -> None:
         X = self.X
-        _, used, vs = self.match.cotangents(self.update(X, self.y))
-        keep = [k for k, u in enumerate(used) if u.requires_grad]  # a parameter the input cannot reach has none
-        gx = (
-            torch.autograd.grad([used[k] for k in keep], [X], grad_outputs=[vs[k] for k in keep])[0]
-            if keep
-            else torch.zeros_like(X)
-        )
+        gx = self._fused_grad(X) if self.fused is not None else None
+        if gx is None:
+            _, used, vs = self.match.cotangents(self.update(X, self.y))
+            keep = [k for k, u in enumerate(used) if u.requires_grad]  # a parameter the input cannot reach has none
+            gx = (
+                torch.autograd.grad([used[k] for k in keep], [X], grad_outputs=[vs[k] for k in keep])[0]
+                if keep
+                else torch.zeros_like(X)
+            )
         if self.attack.tv:  # the TV term's gradient in closed form: no autograd graph for it
             gx.add_(total_variation_grad(X.detach()), alpha=self.attack.tv)
         X.grad = gx.sign_() if self.attack.signed else gx
@@ -415,9 +449,44 @@ class _Run:
             with torch.no_grad():
                 X.clamp_(min=self.box[0], max=self.box[1])
 
+    def _fused_grad(self, X: Tensor) -> Tensor | None:
+        """The compiled iteration's input gradient; under ``compiled="auto"`` a failure to compile switches
+        this run to the eager path (recorded in ``engine``), under "on" it propagates."""
+        assert self.fused is not None
+        try:
+            return self.fused(X.detach()).clone()
+        except Exception as e:  # noqa: BLE001  # dynamo / inductor raise many types; "auto" must not fail the cell
+            if self.attack.compiled == "on":
+                raise
+            self.fused, self.engine = None, f"eager (compile failed: {type(e).__name__}: {str(e)[:120]})"
+            return None
+
     def final_loss(self) -> float:
         """The gradient-matching loss of the current dummy (restarts are ranked by it)."""
         return float(self.match(self.update(self.X.detach(), self.y, create_graph=False)).detach())
+
+
+def _fused_step(model: nn.Module, job: _Job, match: _Matcher, y: Tensor, device: torch.device) -> Callable:
+    """The compiled iteration bound to this target: model, matched and other parameters (+ buffers),
+    targets and norms as the compiled graph's inputs (attacks/_compiled_matching.py)."""
+    params = dict(model.named_parameters())
+    p = {n: params[n].detach() for n in job.names}
+    rest = {n: t.detach() for n, t in params.items() if n not in p} | dict(model.named_buffers())
+    step = compiled_matching_step()
+    return functools.partial(
+        step,
+        model,
+        y=y,
+        p=p,
+        rest=rest,
+        targets=[job.targets[n].to(device) for n in job.names],
+        masks=[job.masks[n].to(device, torch.float) for n in job.names] if job.masks is not None else None,
+        tn=match.tn.to(device),
+        layers=tuple(match.layers),
+        unroll=job.unroll,
+        lr=job.lr,
+        per_param=match.per_param,
+    )
 
 
 class _SimulatedUpdate:
