@@ -15,7 +15,8 @@ one ``torch.compile``d graph per architecture, 2.0x one forward+backward of ResN
 BatchNorm and 1.2-1.35x of the ViT per iteration (thread CPU time, one thread; ``tests/bench_inversion.py``).
 Eager, with plain autograd: the client's gradient with ``create_graph`` w.r.t. the matched parameters
 only, the cosine as per-tensor dot products against target norms computed once, its derivative in
-closed form, then one vector-Jacobian product to the dummy image (3.5-4.0x of ResNet34, 2.8x of the ViT). Where it goes (profiled, 32 px, batch 1): the
+closed form, then one vector-Jacobian product to the dummy image (3.5-4.0x of ResNet34, 2.8x of the ViT;
+breaching's iteration 4.3x, README). Where it goes (profiled, 32 px, batch 1): the
 double backward runs 7 convolutions per conv layer against a forward+backward's 3, and train-mode
 BatchNorm's double backward adds ~0.5 of a forward+backward (3.2x in eval mode). Measured no faster (eager):
 channels_last, MKLDNN on/off, a closed-form BatchNorm double backward as an ``autograd.Function``
@@ -253,8 +254,10 @@ class InvertingGradients(Attack):
     model_mode: Literal["auto", "train", "eval"] = "auto"
     unroll_local_steps: bool = True
     # "auto": compiled (attacks/_compiled_matching.py) when the cell runs >= COMPILE_MIN_ITERATIONS iterations
-    # and a compiler is present, else eager; a failed auto compile falls back to eager and says so
-    compiled: Literal["auto", "on", "off"] = "auto"
+    # and a compiler is present, else eager; a failed auto compile falls back to eager and says so. An engine
+    # choice like --device: the same function up to floating-point reassociation (tests/test_compiled_matching.py),
+    # so it stays out of the cell's identity (added=True) and the record's details.engine says which ran
+    compiled: Literal["auto", "on", "off"] = param("auto", added=True)
 
     def __post_init__(self) -> None:
         if (self.iterations is not None and self.iterations < 1) or self.restarts < 1:

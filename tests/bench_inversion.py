@@ -8,7 +8,8 @@ computes it) each round times, back to back, one forward+backward of the attacke
 (``_Run.step``: the client's gradient with ``create_graph``, the cosine, the backward to the dummy, the
 signed Adam step, the box), eager and compiled (attacks/_compiled_matching.py, compiled before the rounds);
 the printed ratios are median(iteration) / median(reference) over the rounds
-(issue 12: at most 3.5x; breaching's ``invertinggradients`` costs 3.5-3.7x on this machine). Interleaving
+(issue 12: at most 3.5x; breaching's ``invertinggradients`` iteration costs 4.3x on this machine, timed
+interleaved with this suite's compiled one in one process by a scratch script; README). Interleaving
 keeps the ratio honest on a loaded machine, and both sides are timed in the calling thread's CPU time
 (``time.thread_time``, user + system): with one intra-op thread all the work runs there, and unlike wall
 time it does not count the time other processes hold the cores (wall-clock ratios moved by 30% between
@@ -83,6 +84,6 @@ def test_bench_iteration_over_forward_backward(benchmark, arch):
     print(
         f"\n{arch}: one forward+backward {fb * 1e3:.1f} ms; one inversion iteration eager {it * 1e3:.1f} ms "
         f"({it / fb:.2f}x), compiled {co * 1e3:.1f} ms ({co / fb:.2f}x; first call {compile_s:.0f} s wall) "
-        f"(target <= 3.5x; breaching 3.5-3.7x)"
+        f"(target <= 3.5x; breaching 4.3x)"
     )
     assert torch.isfinite(run.X).all() and torch.isfinite(fused.X).all() and fused.engine == "compiled"
