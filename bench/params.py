@@ -124,11 +124,14 @@ def _shape(typ: Any) -> tuple[Any, bool, bool]:
 
 
 def range_of(f: dataclasses.Field, typ: Any) -> Range | None:
-    """The declared range of a field, else the generic rule for its type (None: nothing numeric to check)."""
+    """The declared range of a numeric field, else the generic rule for its type (None: nothing numeric to
+    check, e.g. a ``Literal`` declared with ``param`` only to be ``added``)."""
+    scalar = _shape(typ)[0]
+    if scalar is not int and scalar is not float:
+        return None
     declared = f.metadata.get(RANGE_KEY) if f.metadata else None
     if declared is not None:
         return declared
-    scalar = _shape(typ)[0]
     if scalar is int:
         return Range(ge=0, le=INT_MAX)
     if scalar is float:
