@@ -16,6 +16,7 @@ floating-point reassociation.
 
 from __future__ import annotations
 
+import functools
 import shutil
 from typing import Any
 
@@ -81,15 +82,11 @@ def matching_step(
     return grad(loss)(x)
 
 
-_COMPILED: dict[str, Any] = {}
-
-
+@functools.cache
 def compiled_matching_step() -> Any:
     """:func:`matching_step` under ``torch.compile`` (one wrapper per process; its graphs are keyed by
     dynamo's guards on the model's type, attributes and the static arguments)."""
-    if "step" not in _COMPILED:
-        _COMPILED["step"] = torch.compile(matching_step, dynamic=False)
-    return _COMPILED["step"]
+    return torch.compile(matching_step, dynamic=False)
 
 
 def compiler_missing(device: torch.device) -> str | None:
