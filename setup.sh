@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-DEBS="dataset-fashion-mnist fortunes fortunes-min chromium chromium-driver"
+DEBS="dataset-fashion-mnist fortunes fortunes-min chromium chromium-driver g++"  # g++: torch.compile's CPU kernels (inverting gradients)
 missing=""
 for p in $DEBS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
