@@ -250,7 +250,7 @@ def cmd_run(a) -> int:
     if not a.verbose:
         silence_third_party()
     from .runner import plan, run
-    from .runplan import CostModel, make_plan
+    from .runplan import CostModel, by_phase, make_plan
 
     # every cell recorded already: plan over the declarations (bench.specs), no task built, no model library
     # imported; otherwise build them (may raise AssetMissing: still nothing written)
@@ -273,6 +273,8 @@ def cmd_run(a) -> int:
         f"cells: {c['ok']} ok, {c['n/a']} n/a, {c['failed']} failed, {c['skipped']} already done "
         f"({summary.wall_s:.0f} s); records in {out / 'records'}"
     )
+    if summary.by_phase:  # where the time went (worker seconds; with --jobs N they overlap)
+        print(f"worker time by phase: {by_phase(summary.by_phase)}")
     for line in summary.failed:  # each failure named with its reason (also in the leaderboards' Failed section)
         print(f"failed: {line}", file=sys.stderr)
     if not a.no_leaderboard:

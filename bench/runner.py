@@ -154,6 +154,7 @@ class RunSummary:
     counts: dict[str, int] = field(default_factory=lambda: {"ok": 0, "n/a": 0, "failed": 0, "skipped": 0})
     wall_s: float = 0.0
     trained: int = 0  # training runs executed (or loaded) by this run
+    by_phase: dict[str, float] = field(default_factory=dict)  # worker seconds: training, reference runs, attacks
     failed: list[str] = field(default_factory=list)  # one line per cell this run recorded failed, with the reason
 
     def fail(self, skeleton: dict[str, Any], reason: str) -> None:
@@ -619,6 +620,8 @@ def run(
                 except Exception as e:  # noqa: BLE001 - an executor-level error (e.g. a Ray worker lost)
                     res = {"status": "failed", "reason": f"executor error: {type(e).__name__}: {e}", "written": False}
                 finish(unit)
+                phase = {"train": "training", "reference": "reference runs"}.get(unit.kind) or unit.attack.name  # type: ignore[union-attr]
+                summary.by_phase[phase] = summary.by_phase.get(phase, 0.0) + float(res.get("wall_s") or 0.0)
                 if unit.kind != "cell":
                     summary.trained += unit.kind == "train"
                     what = "training failed" if unit.kind == "train" else f"reference run {unit.ref_index} failed"

@@ -12,7 +12,6 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 # Rough seconds per unit on one worker thread, by preset and scenario family: a training run ("train"), an attack
 # cell by attack name where one was measured, else by kind ("membership", "reconstruction"). Only a fallback:
@@ -109,8 +108,14 @@ class Plan:
     references: int = 0  # reference runs ([RMIA]) the applicable unfinished cells use
     needs_reference: dict[tuple, list[int]] = field(default_factory=dict)  # group key -> reference runs to train
     est_total_s: float = 0.0  # summed over units (one worker)
+    est_by_phase: dict[str, float] = field(default_factory=dict)  # the same sum by phase (see ``add``)
     jobs: int = 1
     learned_from: int = 0
+
+    def add(self, phase: str, seconds: float) -> None:
+        """Count ``seconds`` of estimated work to ``phase``: "training", "reference runs" or an attack's name."""
+        self.est_total_s += seconds
+        self.est_by_phase[phase] = self.est_by_phase.get(phase, 0.0) + seconds
 
     @property
     def to_run(self) -> int:
@@ -147,8 +152,16 @@ class Plan:
                 *refs,
                 f"      estimated time: {fmt_duration(self.est_wall_s)} with {self.jobs} job(s) "
                 f"({fmt_duration(self.est_total_s)} of work; {src})",
+                *([f"      work by phase: {by_phase(self.est_by_phase)}"] if self.est_by_phase else []),
             ]
         )
+
+
+def by_phase(seconds: dict[str, float]) -> str:
+    """``phase duration (share)`` for each phase, the largest first: where a run's time goes."""
+    total = sum(seconds.values()) or 1.0
+    ranked = sorted(seconds.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} {fmt_duration(v)} ({v / total:.0%})" for k, v in ranked)
 
 
 def fmt_duration(s: float) -> str:
@@ -177,7 +190,7 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
             pl.na_cells.append(c)
         else:
             pl.groups.setdefault(group_key(c), []).append(c)
-            pl.est_total_s += model.cell_cost(c)
+            pl.add(c.attack.name, model.cell_cost(c))
     for key, group in pl.groups.items():
         c = group[0]
         if c.defense is None:
@@ -186,12 +199,12 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
         readonly = getattr(store, "readonly", False)
         if not training_cached(c.task, c.defense, c.seed, store.out, readonly=readonly):
             pl.needs_training.add(key)
-            pl.est_total_s += model.train_cost(c.task, c.defense)
+            pl.add("training", model.train_cost(c.task, c.defense))
         todo = references_to_train(group, store.out, readonly=readonly)
         pl.references += todo[0]
         if todo[1]:
             pl.needs_reference[key] = todo[1]
-            pl.est_total_s += len(todo[1]) * model.train_cost(c.task, c.defense)  # the target's recipe
+            pl.add("reference runs", len(todo[1]) * model.train_cost(c.task, c.defense))  # the target's recipe
     return pl
 
 
@@ -209,17 +222,3 @@ def references_to_train(group: list, out: Path, *, readonly: bool = False) -> tu
         return n, [r for r in range(n) if not reference_cached(c.task, c.defense, c.seed, r, cache, readonly=readonly)]
     except ValueError:
         return 0, []
-
-
-def plan_dict(pl: Plan) -> dict[str, Any]:
-    return {
-        "planned": pl.planned,
-        "applicable": pl.applicable,
-        "done": pl.done,
-        "to_run": pl.to_run,
-        "trainings": pl.trainings,
-        "to_train": len(pl.needs_training),
-        "references": pl.references,
-        "to_train_references": pl.to_train_references,
-        "est_wall_s": pl.est_wall_s,
-    }

@@ -358,6 +358,11 @@ def test_reference_runs_are_units_before_their_cells_and_planned(tmp_path):
     assert sorted(r for _, r in refs) == [0, 1] and max(i for i, _ in refs) < min(fedavg_cells)
     assert summary.counts["failed"] == 0 and summary.counts["ok"] == len(cells)
     assert (again.references, again.to_train_references, len(again.needs_training)) == (2, 0, 0)
+    # the estimate and the measured worker time, each split by phase (training, reference runs, each attack)
+    assert set(pl.est_by_phase) == {"training", "reference runs", "rmia"}
+    assert sum(pl.est_by_phase.values()) == pytest.approx(pl.est_total_s)
+    assert "work by phase: " in pl.render() and "reference runs " in pl.render()
+    assert set(summary.by_phase) == {"training", "reference runs", "rmia"} and min(summary.by_phase.values()) > 0
     assert "reference runs: 2 used by the cells to run, 0 to train (2 cached)" in again.render()
     knows = rec["attack_details"]["attacker_knowledge"]
     assert knows["n_reference"] == 2 and knows["population_size"] == 256 and knows["reference_train_size"] == 96
