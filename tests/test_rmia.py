@@ -421,3 +421,15 @@ def test_augmented_queries_need_an_image_classifier():
     assert RMIA(queries=2).applies(api) is None
     assert "image classifier" in RMIA(queries=2).applies(replace(api, family="llm-text"))
     assert RMIA().applies(replace(api, family="llm-text")) is None
+
+
+@pytest.mark.parametrize("preset", ["smoke", "default"])
+@pytest.mark.parametrize("module", ["vlm_caption", "llm_text"])
+def test_each_population_holds_a_reference_training_set_and_as_many_z(module, preset):
+    import importlib
+
+    scenario = importlib.import_module(f"bench.scenarios.{module}")
+
+    n = scenario.N_POPULATION[preset]
+
+    assert n == 0 or n // 2 >= scenario.SPECS[preset].n_members  # bench.reference.population_split's requirement

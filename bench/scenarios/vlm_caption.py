@@ -472,8 +472,10 @@ def _task_record(p: Spec, model_cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 # Attacker-side population images per preset (reference models, [RMIA] / [LiRA]): Fashion-MNIST test images outside
-# the private splits, rendered like them; half train the reference models (>= the members' count), half are z samples.
-N_POPULATION = {"smoke": 256, "default": 512, "paper": 0}
+# the private splits, rendered like them; half train the reference models (>= the members' count, bench.reference.
+# population_split), half are z samples: default 1,200 = a 600-image pool for 312-member reference runs and 600 z
+# (llm-text's sizes; 512 could not hold one reference training set of the default's 312 members).
+N_POPULATION = {"smoke": 256, "default": 1200, "paper": 0}
 
 
 def population_items(p: Spec, tokenizer, layout: vlm.PromptLayout, used: Sequence[list[dict]], n: int) -> list[dict]:
