@@ -111,6 +111,7 @@ class Plan:
     est_by_phase: dict[str, float] = field(default_factory=dict)  # the same sum by phase (see ``add``)
     jobs: int = 1
     learned_from: int = 0
+    unplannable: list[str] = field(default_factory=list)  # groups whose reference runs cannot be planned, why
 
     def add(self, phase: str, seconds: float) -> None:
         """Count ``seconds`` of estimated work to ``phase``: "training", "reference runs" or an attack's name."""
@@ -153,6 +154,10 @@ class Plan:
                 f"      estimated time: {fmt_duration(self.est_wall_s)} with {self.jobs} job(s) "
                 f"({fmt_duration(self.est_total_s)} of work; {src})",
                 *([f"      work by phase: {by_phase(self.est_by_phase)}"] if self.est_by_phase else []),
+                *(
+                    f"      reference runs cannot be planned (its reference-model cells will fail): {u}"
+                    for u in self.unplannable
+                ),
             ]
         )
 
@@ -200,7 +205,11 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
         if not training_cached(c.task, c.defense, c.seed, store.out, readonly=readonly):
             pl.needs_training.add(key)
             pl.add("training", model.train_cost(c.task, c.defense))
-        todo = references_to_train(group, store.out, readonly=readonly)
+        try:
+            todo = references_to_train(group, store.out, readonly=readonly)
+        except ValueError as e:  # none scheduled: the group's reference-model cells will fail with this reason
+            pl.unplannable.append(f"{c.task.id} {c.defense_label} seed {c.seed}: {e}")
+            continue
         pl.references += todo[0]
         if todo[1]:
             pl.needs_reference[key] = todo[1]
@@ -209,16 +218,13 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
 
 
 def references_to_train(group: list, out: Path, *, readonly: bool = False) -> tuple[int, list[int]]:
-    """(R, the reference runs not cached) a group's reference-model cells ([RMIA]) need. A group whose
-    references cannot be planned (e.g. too small a population) schedules none: its cells fail with the reason."""
+    """(R, the reference runs not cached) a group's reference-model cells ([RMIA]) need. Raises ValueError when
+    they cannot be planned (e.g. too small a population): none is scheduled and the cells fail with the reason."""
     from .reference import reference_cached, reference_count
 
     c = group[0]
     n = reference_count(c.task, [x.attack for x in group]) if c.defense is not None else 0
     if not n or c.task.population is None:
         return 0, []
-    try:
-        cache = Path(out) / "cache"
-        return n, [r for r in range(n) if not reference_cached(c.task, c.defense, c.seed, r, cache, readonly=readonly)]
-    except ValueError:
-        return 0, []
+    cache = Path(out) / "cache"
+    return n, [r for r in range(n) if not reference_cached(c.task, c.defense, c.seed, r, cache, readonly=readonly)]

@@ -433,3 +433,18 @@ def test_each_population_holds_a_reference_training_set_and_as_many_z(module, pr
     n = scenario.N_POPULATION[preset]
 
     assert n == 0 or n // 2 >= scenario.SPECS[preset].n_members  # bench.reference.population_split's requirement
+
+
+def test_a_population_too_small_for_reference_runs_is_named_in_the_plan(tmp_path):
+    from bench.runner import plan
+    from bench.runplan import CostModel, make_plan
+    from bench.store import Store
+
+    task = _population_task(n_pop=64, rounds=1)  # 96 members: a reference training pool needs 96 of 32
+    cells = plan([task], [FedAvg()], [RMIA()], [0])
+
+    pl = make_plan(cells, Store(tmp_path), CostModel())
+
+    assert pl.references == 0 and not pl.needs_reference
+    assert len(pl.unplannable) == 1 and "population has 64 items" in pl.unplannable[0]
+    assert "reference runs cannot be planned" in pl.render()
