@@ -29,18 +29,14 @@ from torch.nn import functional as F
 from attacks.inverting_gradients import InvertingGradients, attacker_copy
 from bench.scenarios.image_cls import SPECS
 from models.image import resnet34, vit
+from tests.benchlib import one_thread  # noqa: F401 - the fixture
 from tests.test_reconstruction_attacks import client_gradient, observe, photo, task_api
 
 ROUNDS = 10
 ARCHS = {"resnet34": resnet34, "vit": vit}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/benchlib.py
 
 
 def build(arch: str):

@@ -23,17 +23,13 @@ import torch
 
 from bench.device import autocast
 from models.llm import add_lora
+from tests.benchlib import one_thread, smollm2_shaped  # noqa: F401 - the fixture
 
 ROUNDS = 4
 BATCH, T = 16, 64
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/benchlib.py
 
 
 def cpu_flags() -> str:
@@ -47,21 +43,8 @@ def cpu_flags() -> str:
 
 @pytest.mark.benchmark(group="precision")
 def test_bench_bf16_over_fp32_llm(benchmark):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=49_152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    model = add_lora(LlamaForCausalLM(cfg), r=8, alpha=16, dropout=0.0, seed=0)
-    ids = torch.randint(0, cfg.vocab_size, (BATCH, T), generator=torch.Generator().manual_seed(0))
+    model = add_lora(smollm2_shaped(), r=8, alpha=16, dropout=0.0, seed=0)
+    ids = torch.randint(0, 49_152, (BATCH, T), generator=torch.Generator().manual_seed(0))
     tasks = {
         p: SimpleNamespace(config={"precision": p}, api=SimpleNamespace(family="llm-text")) for p in ("fp32", "bf16")
     }

@@ -33,36 +33,20 @@ from attacks.max_renyi import MaxRenyi, part_scores
 from bench.signal_cache import SignalCache, model_fingerprint
 from bench.signals import token_signals
 from bench.types import TaskAPI
+from tests import benchlib
+from tests.benchlib import one_thread  # noqa: F401 - the fixture
 
 ROUNDS = 5
 T = 64
 VLMIA = Path(os.environ.get("VLMIA_METRIC_UTIL", "/tmp/peers/VL-MIA/metric_util.py"))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/benchlib.py
 
 
 @pytest.fixture(scope="module")
 def smollm2_shaped():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=49_152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval()
+    return benchlib.smollm2_shaped().eval()
 
 
 def logits_api(logits: torch.Tensor, targets: torch.Tensor) -> TaskAPI:
