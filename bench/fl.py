@@ -92,6 +92,23 @@ def trainable(model: nn.Module, names: Sequence[str]) -> list[nn.Parameter]:
     return [params[n] for n in names]
 
 
+BATCHNORM_STATS = ("batch", "public")
+
+
+def train_mode(model: nn.Module, fl: FLConfig) -> nn.Module:
+    """``model.train()``, with BatchNorm layers in eval mode when ``fl.batchnorm_stats == "public"`` (they normalise
+    with the global model's running statistics and leave them unchanged; see FLConfig)."""
+    if fl.batchnorm_stats not in BATCHNORM_STATS:
+        choices = ", ".join(BATCHNORM_STATS)
+        raise ValueError(f"unknown batchnorm_stats {fl.batchnorm_stats!r}; expected one of {choices}")
+    model.train()
+    if fl.batchnorm_stats == "public":
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.eval()
+    return model
+
+
 def local_train(
     state: ClientState,
     ctx: RoundCtx,
@@ -106,8 +123,7 @@ def local_train(
     optimiser step (e.g. per-step clipping). Trains the parameters in ``names`` (default: shared).
     """
     names = list(names or ctx.shared_names)
-    model = state.model
-    model.train()
+    model = train_mode(state.model, ctx.fl)
     opt = make_optimizer(trainable(model, names), ctx.fl)
     loss_fn = loss_fn or ctx.task.loss
     steps = 0
@@ -141,8 +157,7 @@ def batch_gradient(state: ClientState, ctx: RoundCtx, *, names: Sequence[str] | 
     epoch, b = divmod(ctx.round, nb)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(1000 * state.client + epoch))
     batch = ctx.task.collate([data[int(i)] for i in perm[b * bs : (b + 1) * bs]])
-    model = state.model
-    model.train()
+    model = train_mode(state.model, ctx.fl)
     params = trainable(model, names)
     loss = ctx.task.loss(model, batch)
     grads = torch.autograd.grad(loss, params, allow_unused=True)

@@ -21,7 +21,7 @@ import torch
 
 from .accounting import privacy_record
 from .audit import audit_delta, record_bound
-from .cells import RANDOM_IMAGE_CONTROL, probe_observations, run_membership, run_reconstruction
+from .cells import PROBE_PROTOCOL, RANDOM_IMAGE_CONTROL, probe_observations, run_membership, run_reconstruction
 from .device import autocast, precision_of
 from .one_run_audit import record_bound as one_run_record
 from .params import check_privacy
@@ -71,8 +71,9 @@ class Cell:
             "defense_params": params_of(self.defense) if self.defense else {},
             "attack_params": params_of(self.attack),
         }
-        if self.attack.kind == "reconstruction":  # records from before the random-image control are redone
+        if self.attack.kind == "reconstruction":  # records from before the random-image control or the probe are redone
             out["negative_control"] = RANDOM_IMAGE_CONTROL
+            out["probe"] = PROBE_PROTOCOL
         return out
 
     def skeleton(self) -> dict[str, Any]:

@@ -25,8 +25,9 @@ SCHEMA_VERSION = 1
 # Additive changes within schema 1 (new optional fields, relaxed requirements) bump the revision; a record carries
 # the revision of the code that wrote it. Revision 2: reconstruction per_candidate without ``member``. Revision 3:
 # membership per_candidate ``label`` (each candidate's class where the pools have classes; the one-run audit pairs
-# within a class) and privacy ``epsilon_one_run_lower_bound``.
-SCHEMA_REVISION = 3
+# within a class) and privacy ``epsilon_one_run_lower_bound``. Revision 4: reconstruction ``probe`` (how the intercepted
+# updates were made, bench.cells.PROBE_PROTOCOL).
+SCHEMA_REVISION = 4
 STATUSES = ("ok", "n/a", "failed")
 VIEWS = ("global_model", "client_model", "client_update", "released_model")
 

@@ -87,8 +87,9 @@ def config_hash(task_id: str, preset: str, fl: FLConfig, config: Mapping[str, An
     """The cache key of a task's configuration (``Task.config_hash``); bench.specs computes it from a scenario's
     declarations, without building the task."""
     fl_fields = dict(fl.__dict__)
-    if fl_fields.get("lr_schedule") == "constant":  # added later: the default keeps the earlier keys (caches)
-        del fl_fields["lr_schedule"]
+    for key, default in (("lr_schedule", "constant"), ("batchnorm_stats", "batch")):
+        if fl_fields.get(key) == default:  # added later: the default keeps the earlier keys (caches)
+            del fl_fields[key]
     blob = json.dumps({"id": task_id, "preset": preset, "fl": fl_fields, **dict(config)}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

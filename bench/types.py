@@ -72,6 +72,11 @@ class FLConfig:
     max_local_steps: int | None = None  # cap on local steps per round (CPU budget)
     # "constant", or "cosine": round r of R trains at lr * (1 + cos(pi * r / R)) / 2 (bench.fl.round_lr)
     lr_schedule: str = "constant"
+    # BatchNorm statistics of local training: "batch" (train mode: each batch's own statistics) or "public" (eval
+    # mode: the global model's running statistics, as breaching's honest-but-curious server ships its BatchNorm
+    # buffers to the users, ``provide_public_buffers``). Reconstruction probes send batch-1 updates with "public":
+    # batch-1 train-mode BatchNorm is an instance norm, a different function from the model (bench.cells).
+    batchnorm_stats: str = "batch"
 
 
 @dataclass
@@ -272,6 +277,7 @@ class Public:
     local_steps: int | None = None
     num_samples: int | None = None
     mode: FLMode | None = None
+    batchnorm_stats: str | None = None  # FLConfig.batchnorm_stats of the intercepted update (None: "batch")
 
 
 @dataclass(frozen=True)

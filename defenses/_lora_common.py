@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from bench.fl import current, loader, trainable
+from bench.fl import current, loader, train_mode, trainable
 from bench.types import ClientState, Message, RoundCtx, TaskSpec, n_items
 
 NEEDS_LDM = "needs a latent-diffusion LoRA task with auxiliary member / non-member sets (ldm-t2i)"
@@ -46,8 +46,7 @@ def lora_loop(
     ``before_step(step)`` runs first each step (the proxy's inner maximisation, Alg. 1 lines 4-6).
     Returns the weights message with every shared parameter."""
     names = list(ctx.shared_names)
-    model = state.model
-    model.train()
+    model = train_mode(state.model, ctx.fl)
     params = trainable(model, names)
     opt = torch.optim.AdamW(params, lr=ctx.fl.lr, weight_decay=ctx.fl.weight_decay)
     step, cap = 0, ctx.fl.max_local_steps

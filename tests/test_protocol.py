@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from bench.cells import (
+    PROBE_PROTOCOL,
     assign_nonmembers,
     best_threshold,
     probe_observations,
@@ -21,7 +22,7 @@ from bench.cells import (
     target_ids,
 )
 from bench.fl import run_federated
-from bench.runner import plan
+from bench.runner import Cell, plan
 from bench.types import Public, Reconstructions, Scores
 from defenses.fedavg import FedAvg
 from defenses.fixed_position import FixedPosition
@@ -245,6 +246,10 @@ def test_reconstruction_targets_and_their_ids_do_not_depend_on_the_defense_or_se
     assert ids == list(task.config["recon_targets"]["items"]) and len(set(ids)) == len(ids) == len(task.recon_targets)
     first = next(iter(probes.values()))[1]
     assert all(len(t) == len(first) and all(_same(a, b) for a, b in zip(t, first)) for _, t in probes.values())
+    # each probe is a batch-1 update made with the global model's BatchNorm statistics, and says so
+    assert {o.public.batchnorm_stats for obs, _ in probes.values() for o in obs} == {"public"}
+    # ... and a reconstruction record made another way is stale (the runner redoes it)
+    assert Cell(task, FedAvg(), _Blank(), "client_update", 0).expected()["probe"] == PROBE_PROTOCOL
     pc = out["per_candidate"]
     assert pc["id"] == ids and out["primary"] == "ssim" and "member" not in pc
     assert pc["score"] == out["per_sample"]["ssim"] and pc["variants"]["psnr"] == out["per_sample"]["psnr"]
