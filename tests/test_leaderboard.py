@@ -450,7 +450,7 @@ def test_a_membership_claim_is_rechecked_with_the_strongest_attack_side_by_side(
     }
 
 
-def _claim_records(*, composed=5.0, ref_accuracy=0.6, num_classes=None):
+def _claim_records(*, composed=5.0, ref_accuracy=0.6, num_classes=None, recon_attack="april"):
     recs = [
         rec(scenario=sc, task=sc, defense="base", attack="loss_mia", strength=0.0, seed=s)
         for sc in ("ldm-t2i", "llm-text")
@@ -495,7 +495,7 @@ def _claim_records(*, composed=5.0, ref_accuracy=0.6, num_classes=None):
                 defense=d,
                 label=lab,
                 params={"R": 0.8, "form": "fedsgd"} if d == "flrsp" else {},
-                attack="ig",
+                attack=recon_attack,
                 kind="reconstruction",
                 view="client_update",
                 ssim=ssim,
@@ -517,6 +517,15 @@ def test_smp_lora_and_dp_fedlora_and_flrsp_claims(tmp_path):
     # the fid_effnetlite0 key is found (the utility clause is not dropped); the oracle ASR is never used
     assert "fid_effnetlite0" in got[("papers/004", "ldm-t2i")]["evidence"]
     assert "asr_aux not measured" in got[("papers/004", "ldm-t2i")]["evidence"]
+
+
+def test_the_flrsp_claim_covers_the_papers_attack_of_each_architecture_only(tmp_path):
+    # [FLRSP] runs APRIL on the ViT and inverting gradients on ResNet34: a ViT inversion cell is not its claim
+    res = write(tmp_path, _claim_records(recon_attack="inverting_gradients"))
+
+    got = {(c["paper"].split()[0], c["scenario"]): c for c in _paper_rows(res)}
+
+    assert got[("papers/003", "image-cls")]["verdict"] == "not measured", got[("papers/003", "image-cls")]
 
 
 def test_a_dp_claim_with_a_meaningless_epsilon_holds_only_nominally(tmp_path):

@@ -6,6 +6,7 @@ chance) never holding. See ``bench.report.claims`` for how clauses make a claim'
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from .paired import difference, mde
 from .ranking import CHANCE_MARGIN
@@ -154,14 +155,17 @@ def leakage_comparisons(
     attacks: tuple[str, ...] = (),
     kind: str = "membership",
     util_rule: str = "comparable",
+    pairs: Callable[[str, str], bool] | None = None,
 ) -> list[dict]:
     """``mine`` leaks less than ``ref`` by ``effect`` in each shared cell (paired), with the utility clause;
-    ``attacks``: only the cells of these attack names (all where empty)."""
+    ``attacks``: only the cells of these attack names (all where empty); ``pairs(task, attack)``: only the
+    (task, attack) pairs the claim covers."""
     a, b = _cells(res, scenario, preset, mine, kind=kind), _cells(res, scenario, preset, ref, kind=kind)
     out = []
     for key in sorted(set(a) & set(b)):
         task, alabel, view = key
-        if view not in views or (attacks and a[key][0]["attack"] not in attacks):
+        name = a[key][0]["attack"]
+        if view not in views or (attacks and name not in attacks) or (pairs is not None and not pairs(task, name)):
             continue
         metric = "auroc" if kind == "membership" else "ssim"
         ea, eb = res.metric(a[key], metric), res.metric(b[key], metric)
