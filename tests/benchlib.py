@@ -1,4 +1,5 @@
-"""What the benchmark files (tests/bench_*.py) share: one torch thread for a module, a SmolLM2-135M-shaped Llama."""
+"""What the benchmark files (tests/bench_*.py) and the tiny-model tests share: one torch thread for a module, a
+SmolLM2-135M-shaped Llama."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch
 
 @pytest.fixture(scope="module")
 def one_thread():
-    """One intra-op thread for the module's benchmarks (their ratios are thread CPU times), restored after."""
+    """One intra-op thread for a module, restored after: benchmark ratios are thread CPU times, and on a shared 2-core
+    machine oversubscribed OpenMP threads made tiny-model tests 5-10x slower."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -15,15 +15,17 @@ import torch
 
 from attacks import _compiled_matching as cm
 from attacks.inverting_gradients import COMPILE_MIN_ITERATIONS, InvertingGradients
-from tests.test_reconstruction_attacks import (  # noqa: F401  # one_thread: the module's autouse fixture
+from tests.benchlib import one_thread  # noqa: F401 - the fixture
+from tests.test_reconstruction_attacks import (
     _bn_observations,
     client_gradient,
     lenet,
     observe,
-    one_thread,
     photo,
     task_api,
 )
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/benchlib.py: tiny models, one intra-op thread
 
 
 def _first_gradients(attack: InvertingGradients, obs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,15 +29,9 @@ from bench.signals import (
     renyi_entropy,
 )
 from bench.types import DiffusionOps, DiffusionSpec, Observation, Public, TaskAPI
+from tests.benchlib import one_thread  # noqa: F401 - the fixture
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: intra-op threads only add synchronisation cost on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/benchlib.py: tiny models, one intra-op thread
 
 
 def auroc(scores: torch.Tensor, n_members: int, n_nonmembers: int) -> float:

@@ -28,20 +28,14 @@ from attacks.inverting_gradients import (
 )
 from bench.registry import ATTACKS
 from bench.types import ImageSpec, Message, NotApplicable, Observation, Public, TaskAPI, ViTSpec
+from tests.benchlib import one_thread  # noqa: F401 - the fixture
 
 MEAN = (0.5, 0.5, 0.5)
 STD = (0.25, 0.25, 0.25)
 SHAPE = (3, 32, 32)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny double-backward graphs: one intra-op thread is as fast, and on a shared 2-core machine
-    oversubscribed OpenMP threads made these tests 5-10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/benchlib.py: tiny models, one intra-op thread
 
 
 # ----------------------------------------------------------------------------------------------

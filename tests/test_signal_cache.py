@@ -15,14 +15,9 @@ from attacks.loss_mia import LossMIA
 from attacks.max_renyi import MaxRenyi
 from bench.signal_cache import SignalCache, fingerprint, group_cache, model_fingerprint
 from bench.types import Observation, Public, TaskAPI
+from tests.benchlib import one_thread  # noqa: F401 - the fixture
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/benchlib.py: tiny models, one intra-op thread
 
 
 def test_fingerprints_follow_content_not_identity():
