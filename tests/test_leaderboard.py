@@ -419,6 +419,21 @@ def test_fedrand_claim_verdict_follows_the_intervals_utility_power_and_control(t
     assert vlm[0]["verdict"] == "not measured"
 
 
+def test_a_claim_row_says_whether_its_scenario_is_the_papers_setting_or_an_extension(tmp_path):
+    # arrange: FedRand's paper evaluated VLMs only; the suite also checks the claim on text LLMs
+    res = write(tmp_path, _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.05))
+
+    # act
+    rows = {c["scenario"]: c for c in _paper_rows(res) if c["paper"].startswith("papers/000")}
+
+    # assert
+    assert rows["vlm-caption"]["setting"] == claims.PAPERS_OWN
+    assert rows["llm-text"]["setting"].startswith("extension (the paper evaluated vision-language models")
+    assert "| setting" in claims.markdown(list(rows.values())).replace("  ", " ")
+    with pytest.raises(ValueError, match="not among its scenarios"):
+        claims.claim("papers/x", ("llm-text",), "t", attacks=None, evaluated="e", own=("vlm-caption",))
+
+
 def _paper_rows(res):
     """The claims checked with each paper's own attacks (the ``strongest:`` re-checks left out)."""
     return [c for c in claims.evaluate(res) if c["attacks"].startswith("paper")]

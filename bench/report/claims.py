@@ -41,20 +41,48 @@ from .clauses import (
 from .results import Results
 from .stats import differs
 
-COLUMNS = ["paper", "claim", "scenario", "preset", "attacks", "verdict", "effect", "mde", "evidence"]
+COLUMNS = ["paper", "claim", "scenario", "setting", "preset", "attacks", "verdict", "effect", "mde", "evidence"]
+PAPERS_OWN = "the paper's"  # ``setting`` of a scenario of the kind the paper evaluated
 CLAIMS: list[dict] = []
 STRONGEST = ("rmia",)  # the re-check of every membership claim: offline RMIA (LiRA-offline is its variant)
 
 
-def claim(paper: str, scenarios: tuple[str, ...], text: str, *, attacks: tuple[str, ...] | None) -> Callable:
+def claim(
+    paper: str,
+    scenarios: tuple[str, ...],
+    text: str,
+    *,
+    attacks: tuple[str, ...] | None,
+    evaluated: str,
+    own: tuple[str, ...],
+) -> Callable:
     """Register a check ``fn(res, scenario, preset, attacks)``; ``attacks``: the membership attacks of the
-    paper's own evaluation (re-checked with ``STRONGEST``), None for a reconstruction claim (checked once)."""
+    paper's own evaluation (re-checked with ``STRONGEST``), None for a reconstruction claim (checked once);
+    ``evaluated``: what the paper's experiments ran on; ``own``: the scenarios of that kind (the others are the
+    suite's extension of the claim, labelled so a verdict there is not read as the paper's own result)."""
+    if unknown := set(own) - set(scenarios):
+        raise ValueError(f"claim {paper}: own scenarios {sorted(unknown)} are not among its scenarios {scenarios}")
 
     def deco(fn: Callable[[Results, str, str, tuple[str, ...]], list[dict]]) -> Callable:
-        CLAIMS.append({"paper": paper, "scenarios": scenarios, "claim": text, "check": fn, "attacks": attacks})
+        CLAIMS.append(
+            {
+                "paper": paper,
+                "scenarios": scenarios,
+                "claim": text,
+                "check": fn,
+                "attacks": attacks,
+                "evaluated": evaluated,
+                "own": own,
+            }
+        )
         return fn
 
     return deco
+
+
+def setting(c: dict, scenario: str) -> str:
+    """Whether ``scenario`` is of the kind claim ``c``'s paper evaluated, or the suite's extension of it."""
+    return PAPERS_OWN if scenario in c["own"] else f"extension (the paper evaluated {c['evaluated']})"
 
 
 def _passes(c: dict) -> list[tuple[str, tuple[str, ...]]]:
@@ -110,6 +138,7 @@ def evaluate(res: Results) -> list[dict]:
                         "paper": c["paper"],
                         "claim": c["claim"],
                         "scenario": scenario,
+                        "setting": setting(c, scenario),
                         "preset": preset or "-",
                         "attacks": which,
                         "verdict": v,
@@ -138,7 +167,10 @@ def markdown(rows: list[dict], audits: list[dict] | None = None) -> str:
         "paired) is the attack-strength section of each scenario page and `<scenario>_attack_strength.csv`. "
         "Each membership claim has two rows, side by side: `paper: ...` checks it with the attacks of its paper, "
         "`strongest: rmia` with offline RMIA on the same cells (a defense that stops only weak attacks is not a "
-        "defense); `not measured` where the reference-model cells have not been run.",
+        "defense); `not measured` where the reference-model cells have not been run. `setting`: `the paper's` "
+        "where the scenario is of the kind the paper's experiments ran on, `extension (...)` where the suite "
+        "carries the claim to another kind of model or data (the verdict there is the suite's finding, not a test "
+        "of the paper's own result; what the paper evaluated is named).",
         "",
     ]
     if rows:
@@ -196,6 +228,8 @@ def _flrsp_pair(task: str, attack: str) -> bool:
     "FLRSP gives lower reconstruction SSIM than standard FL (FedSGD / FedAvg) at comparable accuracy (APRIL on the "
     "ViT, inverting gradients on ResNet34)",
     attacks=None,
+    evaluated="ImageNet-pre-trained ViT-S/16 and ResNet34 classifiers on CIFAR-10",
+    own=("image-cls",),
 )
 def flrsp_claim(res: Results, scenario: str, preset: str, attacks: tuple[str, ...]) -> list[dict]:
     labels = sorted(
@@ -231,6 +265,8 @@ def flrsp_claim(res: Results, scenario: str, preset: str, attacks: tuple[str, ..
     "FedRand's reconstructed client models leak less to MaxRényi-K% membership inference than FedAvg's "
     "(client view) at comparable utility",
     attacks=("max_renyi",),
+    evaluated="vision-language models (TinyLLaVA) on ScienceQA and MSCOCO captions",
+    own=("vlm-caption",),
 )
 def fedrand_claim(res: Results, scenario: str, preset: str, attacks: tuple[str, ...]) -> list[dict]:
     return leakage_comparisons(
@@ -259,6 +295,8 @@ def _near_chance(res: Results, task: str, alabel: str, view: str, recs: list[dic
     ("ldm-t2i",),
     "SMP-LoRA brings membership ASR and AUC near 0.5 (less leakage than LoRA) with a smaller utility loss than MP-LoRA",
     attacks=("loss_mia", "gradient_mia"),  # [SMP-LoRA] s.4 / App. E (loss-based) and App. G (gradient-based)
+    evaluated="LoRA adaptation of Stable Diffusion v1.5 on Pokemon and CelebA",
+    own=("ldm-t2i",),
 )
 def smp_lora_claim(res: Results, scenario: str, preset: str, attacks: tuple[str, ...]) -> list[dict]:
     out = leakage_comparisons(
@@ -314,6 +352,8 @@ def _epsilon(recs: list[dict], key: str) -> float | None:
     "DP-FedLoRA gives a formal (epsilon, delta) guarantee and less membership leakage than FedAvg "
     "with a modest utility loss",
     attacks=("loss_mia", "max_renyi", "gradient_mia"),  # the paper runs none: the suite's single-signal attacks
+    evaluated="federated LoRA fine-tuning of LLaMA-2-7B on Alpaca-GPT4 (it runs no membership attack)",
+    own=("llm-text",),
 )
 def dp_fedlora_claim(res: Results, scenario: str, preset: str, attacks: tuple[str, ...]) -> list[dict]:
     recs = res.select(scenario=scenario, preset=preset, defense="dp_fedlora")
