@@ -145,6 +145,9 @@ SPECS: dict[str, Spec] = {
     # Exposures matter, not detail length: two details per caption (~17 nats) at 1 local epoch (scratch run, the
     # same harness) gave 0.595 global / 0.646 client, as one detail did (0.608 / 0.642). Next for the global view:
     # more rounds or epochs (each epoch ~19 min of training here).
+    # Measured costs (session 2026-11-27, 1 thread per process, the other core busy): projector alignment 8.1-8.4 s
+    # per step (200 steps ~27 min, once per machine); a training run at this budget 2,371 s (FedAvg) / 2,393 s
+    # (FedRand) with two runs side by side (--jobs 2).
     # Earlier note (before the measurement): the positive control has not been run at this budget (the session's
     # machine could not align the projector in time). Measured step cost (batch 8, 1 thread, machine at load
     # ~17 on 2 cores, so CPU time is inflated too): side 7 (87 tokens), r=16 on every linear: 16-18 s CPU,
