@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from bench.fl import current, loader, train_mode, trainable
+from bench.progress import nested
 from bench.types import ClientState, Message, RoundCtx, TaskSpec, n_items
 
 NEEDS_LDM = "needs a latent-diffusion LoRA task with auxiliary member / non-member sets (ldm-t2i)"
@@ -50,8 +51,8 @@ def lora_loop(
     params = trainable(model, names)
     opt = torch.optim.AdamW(params, lr=ctx.fl.lr, weight_decay=ctx.fl.weight_decay)
     step, cap = 0, ctx.fl.max_local_steps
-    for _ in range(ctx.fl.local_epochs):
-        for batch in loader(state.data, ctx):
+    for _ in nested(range(ctx.fl.local_epochs)):  # the run's bar moves within a central run's one round
+        for batch in nested(loader(state.data, ctx)):
             logs = dict(before_step(step)) if before_step is not None else {}
             loss, more = objective(model, batch)
             if not torch.isfinite(loss):

@@ -184,3 +184,41 @@ def test_one_central_run_on_smoke(name, smoke_task):
         for g, r in zip(res.logs["mi_gain_train"], res.logs["rescale_ada"]):
             assert r == pytest.approx(1 / (1 - 0.05 * g + 1e-5), rel=1e-5)
             assert 0 < r <= 1
+
+
+def test_a_central_lora_run_moves_the_run_bar_within_its_one_round(monkeypatch):
+    # arrange: the shared LoRA loop on a toy linear model, inside a unit whose main loop has one round (a central
+    # defense's whole training), reporting every step
+    from types import SimpleNamespace
+
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    import bench.progress
+    from bench.progress import progress, unit_progress
+    from bench.types import FLConfig
+    from defenses._lora_common import lora_loop
+
+    monkeypatch.setattr(bench.progress, "REPORT_S", 0.0)
+    model = nn.Linear(2, 1)
+    fl = FLConfig(num_clients=1, clients_per_round=1, rounds=1, local_epochs=3, batch_size=2, lr=0.1)
+    ctx = SimpleNamespace(
+        shared_names=["weight", "bias"],
+        fl=fl,
+        generator=torch.Generator().manual_seed(0),
+        task=SimpleNamespace(collate=None),
+        log_value=lambda k, v: None,
+        round=0,
+    )
+    state = SimpleNamespace(model=model, data=TensorDataset(torch.randn(8, 2)), client=0)
+    reports: list = []
+
+    # act
+    with unit_progress(reports.append):
+        for _ in progress(range(1), desc="train", unit=True):
+            lora_loop(state, ctx, lambda m, b: (m(b[0]).pow(2).mean(), {}))
+
+    # assert: the fraction moves through the 3 epochs x 4 batches, never backwards, never to the end
+    fractions = [r for r in reports if isinstance(r, float)]
+    assert len(fractions) >= 3 * 4
+    assert fractions == sorted(fractions) and 0.0 < max(fractions) < 1.0
