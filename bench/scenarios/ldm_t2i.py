@@ -109,6 +109,10 @@ SPECS: dict[str, Spec] = {
     # Pre-trained base (see load_or_pretrain). Measured (seed 0, released LoRA, loss-threshold attack): 40 epochs
     # at alpha 4 left AUROC 0.53 (nothing for a defense to stop); 200 epochs at alpha 8 (scale 1) give 0.65 with
     # held-out denoising loss 0.032 vs 0.030 and the same FID (~135), ~4 min per central training run here.
+    # Not yet the positive control (AUROC >= 0.75). Calibration at 256 + 256 D_te candidates (seed 0, central LoRA,
+    # loss threshold / proxy AUROC; base model 0.51 / 0.50; wall times with 3 processes on the 2 cores):
+    # lr 3e-3 200 epochs 0.605 / 0.603 (640 s); batch 4: 0.640 / 0.665 (994 s); rank 32 (alpha 32): 0.661 / 0.672
+    # (745 s); 400 epochs: 0.713 / 0.741 [0.70, 0.79] (1,425 s). Rank 32 at 400-600 epochs is the next to try.
     "default": Spec(
         model=ldm.LDMConfig(
             vae_channels=(8, 16, 32),
