@@ -226,6 +226,21 @@ def test_population_indices_are_seeded_outside_the_private_pool(preset):
     assert ldm_t2i.N_POPULATION["paper"] == 0  # Table 4 uses all 833 Pokemon images: rmia stays n/a there
 
 
+@pytest.mark.parametrize("preset", ["smoke", "default"])
+def test_population_holds_reference_training_sets_that_differ(preset):
+    """The reference models' training pool (half the population) holds twice the central training set, so each
+    reference model trains on its own draw (a pool of exactly one training set would repeat it)."""
+    from bench.reference import population_split
+    from bench.scenarios import ldm_t2i
+
+    p = ldm_t2i.SPECS[preset]
+    n_train = p.n_aux_m + p.n_te_m  # the central (released-model) training set, the largest a reference imitates
+
+    split = population_split(ldm_t2i.N_POPULATION[preset], n_train, seed=0)
+
+    assert len(split.train_pool) >= 2 * n_train and len(split.z_pool) >= n_train
+
+
 def test_rmia_applies_to_the_smoke_cells(smoke_task):
     from attacks.rmia import RMIA
     from bench.registry import DEFENSES
@@ -295,7 +310,8 @@ def test_default_splits_scale_table4(monkeypatch):
 
     p = ldm_t2i.SPECS["default"]
     splits = ldm_t2i.private_splits(p)
-    assert [len(splits[k]) for k in ("aux_members", "te_members", "aux_nonmembers", "te_nonmembers")] == [64] * 4
+    sizes = [len(splits[k]) for k in ("aux_members", "te_members", "aux_nonmembers", "te_nonmembers")]
+    assert sizes == [64, 256, 64, 256]  # >= 250 D_te candidates per side (the evaluation set)
     idx = [it["source_index"] for v in splits.values() for it in v]
     assert len(idx) == len(set(idx))
     assert splits["aux_members"][0]["text"].shape == (16, 384)  # MiniLM token states

@@ -247,8 +247,9 @@ def private_splits(p: Spec) -> dict[str, list[dict]]:
 
 # Attacker-side population images per preset (reference models, [RMIA] / [LiRA]): Fashion-MNIST test images outside
 # the private splits, rendered like them; half train the reference models (2x the members' count), half are RMIA's
-# z samples (bench.reference). None on paper: Table 4's splits use all 833 Pokemon images.
-N_POPULATION = {"smoke": 128, "default": 512, "paper": 0}
+# z samples (bench.reference). None on paper: Table 4's splits use all 833 Pokemon images. The training pool holds
+# twice the central training set (D_aux^m + D_te^m), so reference training sets differ (tests/test_ldm.py).
+N_POPULATION = {"smoke": 128, "default": 1280, "paper": 0}
 POPULATION_SPLIT = 2  # the population's augmentation stream (make_items ``split``): 0 public, 1 private
 
 
