@@ -211,7 +211,7 @@ def test_smoke_population_is_disjoint_from_every_private_item(smoke_task):
 
 @pytest.mark.parametrize("preset", ["smoke", "default"])
 def test_population_indices_are_seeded_outside_the_private_pool(preset):
-    """Default checked on indices alone (rendering it encodes 864 captions with MiniLM)."""
+    """Default checked on indices alone (rendering it would encode every population caption with MiniLM)."""
     from bench.scenarios import ldm_t2i
 
     p = ldm_t2i.SPECS[preset]
