@@ -28,6 +28,8 @@ from defenses.mp_lora import ProxyMinMax, smp_objective
 class SMPLoRA(ProxyMinMax):
     delta: float = param(1e-5, gt=0.0, le=1.0)  # keeps Eq. 10's denominator away from 0 (not a DP delta)
     paper = "[SMP-LoRA] s.3 Eq. 9-10, Algorithm 1 (SMP-LoRA)"
+    # [SMP-LoRA] Table 6 (App. F): the lambda ablation; 0.05 is the paper's default (the first entry here)
+    grid = ({}, {"lam": 1.0}, {"lam": 0.5}, {"lam": 0.1}, {"lam": 0.01})
 
     def __post_init__(self) -> None:
         super().__post_init__()
