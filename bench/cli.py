@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a bare defense name runs its paper grid ('full') or its default configuration only "
         "('defaults'); default: 'defaults' on the smoke preset, 'full' otherwise",
     )
-    r.add_argument("--seeds", default="1", help="number of seeds N (seeds 0..N-1)")
+    r.add_argument(
+        "--seeds", default="1", help="number of seeds N (seeds 0..N-1), or seeds A-B, or a list A,B,... (e.g. 1-2)"
+    )
     r.add_argument("--out", default="results", help="output directory (records, cache, leaderboards)")
     r.add_argument("--no-leaderboard", action="store_true", help="do not regenerate leaderboards after the run")
     r.add_argument("--jobs", default="1", help="worker processes running independent units at once (default 1)")

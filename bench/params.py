@@ -267,15 +267,26 @@ MAX_SEEDS = 1000
 
 
 def seed_count(raw: str) -> list[int]:
-    """``--seeds N`` -> [0, ..., N-1] for 1 <= N <= MAX_SEEDS, else UsageError."""
-
-    try:
-        n = int(raw)
-    except ValueError:
-        raise UsageError(f"--seeds must be a positive integer (at most {MAX_SEEDS}), got {raw!r}") from None
-    if not 1 <= n <= MAX_SEEDS:
-        raise UsageError(f"--seeds must be a positive integer (at most {MAX_SEEDS}), got {n}")
-    return list(range(n))
+    """``--seeds``: ``N`` -> [0, ..., N-1] (1 <= N <= MAX_SEEDS); ``A-B`` -> [A, ..., B]; ``A,B,...`` -> those
+    seeds (each in 0..MAX_SEEDS-1, no repeats): one seed of a run, or seeds split across machines. Else UsageError."""
+    text = raw.strip()
+    bad = UsageError(
+        f"--seeds must be a positive integer (at most {MAX_SEEDS}; seeds 0..N-1), a range A-B or a list A,B,... of "
+        f"distinct seeds in 0..{MAX_SEEDS - 1}, got {raw!r}"
+    )
+    if "," in text or "-" in text.lstrip("-"):
+        parts = [p.strip() for p in (text.split(",") if "," in text else text.split("-", 1))]
+        parts = [p for p in parts if p] if "," in text else parts
+        if not parts or not all(p.isdigit() for p in parts):
+            raise bad
+        nums = [int(p) for p in parts]
+        seeds = nums if "," in text else list(range(nums[0], nums[1] + 1))
+        if not seeds or len(set(seeds)) != len(seeds) or any(not 0 <= k < MAX_SEEDS for k in seeds):
+            raise bad
+        return seeds
+    if not text.lstrip("-").isdigit() or not 1 <= int(text) <= MAX_SEEDS:
+        raise bad
+    return list(range(int(text)))
 
 
 OUT_FOLDERS = ("records", "cache", "artifacts", "quarantine", "leaderboards")  # what a run keeps under --out

@@ -477,6 +477,20 @@ def run(
     running: dict[str, Unit] = {}  # by key: the units submitted and not finished
     shown: dict[str, float] = {}  # by key: the fraction of its cost already on the bar
     moved = [0.0]  # seconds of estimated work on the bar so far
+    labels: dict[str, str] = {}  # by key: what a training or reference unit is, for the bar's postfix
+    active: dict[str, float] = {}  # by key: when a labelled unit last reported progress (it is running)
+    shown_text = [""]  # the postfix naming the running units; "" while it shows something else
+
+    def show_running(key: str) -> None:
+        """The postfix names the labelled units that reported within the last few seconds (a unit waiting in
+        the executor's queue never reports), so it never shows a finished unit's set-up step."""
+        now = time.monotonic()
+        active[key] = now
+        text = ", ".join(labels[k] for k, t in active.items() if k in labels and now - t < 10 * REPORT_S)
+        text = text if len(text) <= 90 else text[:87] + "..."
+        if text and text != shown_text[0]:
+            shown_text[0] = text
+            bar.set_postfix_str(text)
 
     def move(seconds: float) -> None:  # never past the total (rounding in the units' cost sum made tqdm warn)
         step = max(0.0, min(seconds, bar.total - moved[0]))
@@ -490,7 +504,9 @@ def run(
         if isinstance(fraction, str):
             if u is not None:
                 bar.set_postfix_str(fraction)
+                shown_text[0] = ""
             return
+        show_running(key)
         fraction = min(max(float(fraction), 0.0), 1.0)
         if u is not None and fraction > shown.get(key, 0.0):
             move((fraction - shown.get(key, 0.0)) * u.cost)
@@ -498,6 +514,8 @@ def run(
 
     def finish(u: Unit) -> None:
         running.pop(u.key, None)
+        labels.pop(u.key, None)
+        active.pop(u.key, None)
         move(u.cost * (1.0 - shown.pop(u.key, 0.0)))
 
     if hasattr(executor, "on_progress"):
@@ -538,6 +556,9 @@ def run(
 
     def submit(u: Unit, group: list[Cell]) -> None:
         running[u.key] = u
+        if u.kind != "cell" and group:
+            what = "training" if u.kind == "train" else f"reference run {u.ref_index}"
+            labels[u.key] = f"{what} {group[0].defense_label} seed {u.seed}"
         try:
             pending[executor.submit(ship(u))] = (u, group)
         except ValueError as e:  # the unit cannot be shipped (no task source): fail its cells
@@ -637,6 +658,7 @@ def run(
                 else:
                     summary.counts[res["status"]] += 1
                 bar.set_postfix_str(f"{group[0].defense_label} x {unit.attack.name}/{unit.view}: {res['status']}")
+                shown_text[0] = ""
     except KeyboardInterrupt:  # finished records stay; the rest is redone by the next run
         executor.shutdown(kill=True)
         raise

@@ -48,3 +48,13 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, needle):
 def test_leaderboard_without_records_exits_2(tmp_path):
     res = bench("leaderboard", "--out", str(tmp_path / "none"), cwd=tmp_path)
     assert res.returncode == 2 and "no records" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "raw, seeds",
+    [("3", [0, 1, 2]), ("1-2", [1, 2]), ("1-1", [1]), ("0,2", [0, 2]), ("2,", [2]), (" 4 ", [0, 1, 2, 3])],
+)
+def test_seeds_count_range_and_list(raw, seeds):
+    from bench.params import seed_count
+
+    assert seed_count(raw) == seeds

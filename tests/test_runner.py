@@ -184,6 +184,9 @@ def test_a_units_set_up_loop_shows_on_the_bar(tmp_path, monkeypatch):
     shown = [p for p in bar.postfix if p.startswith("align projector")]
     assert shown[:4] == [f"align projector {i}/4" for i in range(4)]  # (attack cells rebuild the model too)
     assert sum(bar.updates) == pytest.approx(bar.total)  # a set-up step never moves the bar
+    # once the training's main loop reports, the postfix names the running unit, not the finished set-up step
+    after = bar.postfix[bar.postfix.index("align projector 3/4") + 1 :]
+    assert after and after[0] == "training slow_setup seed 0", bar.postfix
 
 
 def test_cost_model_learns_base_model_cells_apart_from_defended_ones(tmp_path):
