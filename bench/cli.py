@@ -262,7 +262,7 @@ def cmd_run(a) -> int:
         tasks = build_tasks(names, preset, precision)
 
     if a.dry_run:  # the plan only: nothing is written (a damaged record is reported, not moved), no worker started
-        store, costs = Store(out, readonly=True), CostModel.from_records(out, readonly=True)
+        store, costs = Store(out, readonly=True), CostModel.from_records(out, readonly=True, device=device)
         pl = make_plan(plan(tasks, defenses, attacks, seeds), store, costs, jobs=jobs)
         print(pl.render())
         return 0

@@ -445,7 +445,7 @@ def run(
     out = Path(out)
     store = Store(out)
     executor = executor or InlineExecutor()
-    estimator = estimator or CostModel.from_records(out)
+    estimator = estimator or CostModel.from_records(out, device=device)
     cells = plan(tasks, defenses, attacks, seeds)
     broken = [c for c in cells if c.error]  # recorded failed below, never run
     pl = make_plan([c for c in cells if not c.error], store, estimator, jobs=executor.jobs)

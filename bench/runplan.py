@@ -2,7 +2,8 @@
 
 Estimates come from a per-family cost model (seconds per training run and per attack cell on one worker)
 whose rough defaults are replaced by the medians of earlier records' ``cost.train_wall_s`` /
-``cost.attack_wall_s`` in the same ``--out`` wherever there are any (same task and defense / attack).
+``cost.attack_wall_s`` in the same ``--out`` wherever there are any (same task and defense / attack); a record
+made on another CPU is scaled to this one by the two machines' speed probes (bench.machine).
 """
 
 from __future__ import annotations
@@ -48,13 +49,17 @@ class CostModel:
     train_s: dict[tuple[str, str], float] = field(default_factory=dict)
     cell_s: dict[tuple[str, str, str, bool], float] = field(default_factory=dict)
     n_records: int = 0
+    n_scaled: int = 0  # records made on another CPU whose costs were scaled by the speed probes (bench.machine)
+    factors: tuple[float, ...] = ()  # the distinct scale factors applied (this machine's time / the record's)
 
     @classmethod
-    def from_records(cls, out: Path, *, readonly: bool = False) -> CostModel:
+    def from_records(cls, out: Path, *, readonly: bool = False, device: str = "cpu") -> CostModel:
+        """Medians of ``out``'s ok records' costs; on a CPU ``device``, a record made on another CPU is scaled
+        by the two machines' speed probes (:func:`record_factor`)."""
         from .store import Store
 
         train, cell = defaultdict(list), defaultdict(list)
-        n = 0
+        n, scaled, factors = 0, 0, set()
         if (Path(out) / "records").is_dir():
             try:
                 for r in Store(out, readonly=readonly).records():
@@ -62,18 +67,26 @@ class CostModel:
                     if r.get("status") != "ok":
                         continue
                     n += 1
+                    f = record_factor(r) if device == "cpu" else 1.0
+                    if f != 1.0:
+                        scaled += 1
+                        factors.add(round(f, 2))
                     if isinstance(cost.get("train_wall_s"), (int, float)):
-                        train[(r["task"], r["defense"])].append(float(cost["train_wall_s"]))
+                        train[(r["task"], r["defense"])].append(f * float(cost["train_wall_s"]))
                     if isinstance(cost.get("attack_wall_s"), (int, float)):
                         key = (r["task"], r["attack"], r["view"], r["defense"] == "base")
-                        cell[key].append(float(cost["attack_wall_s"]))
+                        cell[key].append(f * float(cost["attack_wall_s"]))
             except Exception as e:  # noqa: BLE001 - an estimate only: say so and use the defaults
                 sys.stderr.write(
                     f"note: cost model uses its defaults (earlier records unreadable: {type(e).__name__}: {e})\n"
                 )
                 return cls()
         return cls(
-            {k: statistics.median(v) for k, v in train.items()}, {k: statistics.median(v) for k, v in cell.items()}, n
+            {k: statistics.median(v) for k, v in train.items()},
+            {k: statistics.median(v) for k, v in cell.items()},
+            n,
+            scaled,
+            tuple(sorted(factors)),
         )
 
     @staticmethod
@@ -89,6 +102,19 @@ class CostModel:
             return learned
         d = self._default(cell.task)
         return d.get(cell.attack.name, d.get(cell.attack.kind, d["membership"]))
+
+
+def record_factor(rec: dict) -> float:
+    """How much longer a record's work would take on this machine: the speed probes' ratio when the record was
+    made on a CPU (``provenance.device``) with a comparable probe and this process runs on one too (1 when the
+    machine is the same, within the probe's noise of 10%, or nothing can be compared)."""
+    from .machine import speed_factor
+
+    prov = rec.get("provenance") or {}
+    if str(prov.get("device") or "cpu") != "cpu":
+        return 1.0
+    f = speed_factor(prov.get("machine"))
+    return 1.0 if f is None or abs(f - 1.0) <= 0.1 else f
 
 
 def group_key(cell) -> tuple[str, str, int]:
@@ -111,6 +137,8 @@ class Plan:
     est_by_phase: dict[str, float] = field(default_factory=dict)  # the same sum by phase (see ``add``)
     jobs: int = 1
     learned_from: int = 0
+    scaled: int = 0  # of them, records made on another CPU and scaled to this one (CostModel.n_scaled)
+    scale_text: str = ""  # the scale factors applied, e.g. "2.4" or "1.3-2.4"
     unplannable: list[str] = field(default_factory=list)  # groups whose reference runs cannot be planned, why
 
     def add(self, phase: str, seconds: float) -> None:
@@ -136,6 +164,8 @@ class Plan:
             if self.learned_from
             else "rough per-family defaults (no earlier records in --out)"
         )
+        if self.scaled:
+            src += f"; {self.scaled} of them made on another CPU, scaled by its speed probe (x{self.scale_text})"
         refs = (
             [
                 f"      reference runs: {self.references} used by the cells to run, {self.to_train_references} to "
@@ -186,7 +216,9 @@ def training_cached(task, defense, seed: int, out: Path, *, readonly: bool = Fal
 
 
 def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
-    pl = Plan(planned=len(cells), jobs=jobs, learned_from=model.n_records)
+    f = model.factors
+    span = (f"{f[0]:.2g}" if f[0] == f[-1] else f"{f[0]:.2g}-{f[-1]:.2g}") if f else ""
+    pl = Plan(planned=len(cells), jobs=jobs, learned_from=model.n_records, scaled=model.n_scaled, scale_text=span)
     for c in cells:
         pl.applicable += c.na is None
         if store.finished(c.task.scenario, c.id, expect=c.expected()):

@@ -234,7 +234,7 @@ def utc_stamp(t: float | None = None) -> str:
 
 @lru_cache(maxsize=1)
 def provenance() -> dict:
-    """Code version and package versions, recorded in every record."""
+    """Code version, package versions and the machine's CPU speed probe, recorded in every record."""
     root = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(
@@ -268,7 +268,15 @@ def provenance() -> dict:
             pkgs[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             pkgs[name] = None
-    return {"code_version": sha or "unknown", "dirty": dirty, "python": platform.python_version(), "packages": pkgs}
+    from .machine import machine_info
+
+    return {
+        "code_version": sha or "unknown",
+        "dirty": dirty,
+        "python": platform.python_version(),
+        "packages": pkgs,
+        "machine": machine_info(),  # the CPU and its speed probe: estimates scale records made elsewhere
+    }
 
 
 def current_config(records: list[dict]) -> tuple[list[dict], dict[tuple[str, str], int]]:

@@ -209,6 +209,38 @@ def test_cost_model_learns_base_model_cells_apart_from_defended_ones(tmp_path):
     assert costs.cell_cost(cell(FedAvg())) == 1300.0
 
 
+def test_cost_model_scales_records_made_on_another_cpu_by_the_speed_probes(tmp_path, monkeypatch):
+    import bench.machine
+    from bench.store import Store
+    from tests.test_store import record
+
+    monkeypatch.setattr(bench.machine, "probe_s", lambda: 0.2)  # this machine: 0.2 CPU seconds per probe
+    machine = lambda probe, version=bench.machine.PROBE_VERSION: {
+        "cpu": "x",
+        "probe_s": probe,
+        "probe_version": version,
+    }  # noqa: E731
+    prov = {"code_version": "abc", "config_hash": "h", "started_at": "2026-11-23T12:00:00Z"}
+    cases = [  # (defense, its record's provenance): each trained in 100 s where it ran
+        ("fedavg", {**prov, "machine": machine(0.1)}),  # a CPU twice as fast: 200 s here
+        ("fedrand", {**prov, "machine": machine(0.21)}),  # the same machine within the probe's noise
+        ("fedper", {**prov, "machine": machine(0.1, version=-1)}),  # another probe: not comparable
+        ("fedpara", prov),  # written before probes were recorded
+        ("fedsgd", {**prov, "device": "cuda", "machine": machine(0.1)}),  # a GPU run: a CPU probe says nothing
+    ]
+    store = Store(tmp_path)
+    for i, (defense, pr) in enumerate(cases):
+        store.write(record(cell_id=f"{i:016x}", defense=defense, provenance=pr, cost={"train_wall_s": 100.0}))
+
+    costs = CostModel.from_records(tmp_path)
+    on_gpu = CostModel.from_records(tmp_path, device="cuda")
+
+    assert costs.train_s[("toy/mlp", "fedavg")] == pytest.approx(200.0)
+    assert [costs.train_s[("toy/mlp", d)] for d, _ in cases[1:]] == [100.0] * 4
+    assert (costs.n_scaled, costs.factors) == (1, (2.0,))
+    assert on_gpu.train_s[("toy/mlp", "fedavg")] == 100.0 and on_gpu.n_scaled == 0
+
+
 def test_without_records_a_cell_costs_its_attacks_default_else_its_kinds():
     from types import SimpleNamespace
 
@@ -225,3 +257,14 @@ def test_without_records_a_cell_costs_its_attacks_default_else_its_kinds():
         cell("inverting_gradients", "reconstruction")
     )
     assert costs.train_cost(task, FedAvg()) > costs.cell_cost(cell("loss_mia", "membership"))
+
+
+def test_the_speed_probe_is_recorded_and_compares_a_machine_with_itself():
+    from bench.machine import PROBE_VERSION, machine_info, speed_factor
+    from bench.store import provenance
+
+    info = provenance()["machine"]
+
+    assert info == machine_info() and info["probe_s"] > 0 and info["probe_version"] == PROBE_VERSION
+    assert speed_factor(info) == pytest.approx(1.0, rel=1e-3)  # the probe is measured once per process
+    assert speed_factor({**info, "probe_version": PROBE_VERSION + 1}) is None and speed_factor(None) is None
