@@ -32,13 +32,15 @@ from tests.fault_run import matrix
 from tests.toy import ToyLossMIA, ToyMeanRecon, toy_task
 
 ROOT = Path(__file__).resolve().parent.parent
-# What legitimately differs between two runs of one cell: wall times, memory, when it started.
+# What legitimately differs between two runs of one cell: wall times, memory, when it started, the machine's
+# speed probe (a timing too).
 VOLATILE = {
     ("cost", "train_wall_s"),
     ("cost", "attack_wall_s"),
     ("cost", "peak_mem_mb"),
     ("provenance", "started_at"),
     ("provenance", "dirty"),
+    ("provenance", "machine"),
 }
 
 
