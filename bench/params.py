@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tempfile
 import types
 import typing
@@ -274,19 +275,19 @@ def seed_count(raw: str) -> list[int]:
         f"--seeds must be a positive integer (at most {MAX_SEEDS}; seeds 0..N-1), a range A-B or a list A,B,... of "
         f"distinct seeds in 0..{MAX_SEEDS - 1}, got {raw!r}"
     )
-    if "," in text or "-" in text.lstrip("-"):
-        parts = [p.strip() for p in (text.split(",") if "," in text else text.split("-", 1))]
-        parts = [p for p in parts if p] if "," in text else parts
-        if not parts or not all(p.isdigit() for p in parts):
-            raise bad
-        nums = [int(p) for p in parts]
-        seeds = nums if "," in text else list(range(nums[0], nums[1] + 1))
-        if not seeds or len(set(seeds)) != len(seeds) or any(not 0 <= k < MAX_SEEDS for k in seeds):
-            raise bad
-        return seeds
-    if not text.lstrip("-").isdigit() or not 1 <= int(text) <= MAX_SEEDS:
+    if text.isdigit() and 1 <= int(text) <= MAX_SEEDS:
+        return list(range(int(text)))
+    span = re.fullmatch(r"(\d+)\s*-\s*(\d+)", text)
+    parts = [p.strip() for p in text.split(",") if p.strip()] if "," in text else []
+    if span:
+        seeds = list(range(int(span[1]), int(span[2]) + 1))
+    elif parts and all(p.isdigit() for p in parts):
+        seeds = [int(p) for p in parts]
+    else:
         raise bad
-    return list(range(int(text)))
+    if not seeds or len(set(seeds)) != len(seeds) or any(k >= MAX_SEEDS for k in seeds):
+        raise bad
+    return seeds
 
 
 OUT_FOLDERS = ("records", "cache", "artifacts", "quarantine", "leaderboards")  # what a run keeps under --out
