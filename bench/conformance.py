@@ -1,17 +1,17 @@
-"""Conformance checks for contributed defenses and attacks (``python -m bench check``, and pytest
-over every registered one: tests/test_conformance.py).
+"""Conformance checks for contributed defenses and attacks (``python -m bench check``, and pytest over every registered
+one: tests/test_conformance.py).
 
-A defense is trained for a few rounds on the ``smoke`` preset of a scenario it applies to, twice with
-the same seed (and different Python / NumPy global seeds, so hidden unseeded randomness shows), and
-checked for: typed hyper-parameters and a valid grid, a valid setting (threat views), messages whose
-tensors are a subset of the shared parameters with the same shapes, finite values, no in-place change
-of the global state, an aggregate with the global state's keys and shapes, identical global states
-for a fixed seed, epsilon None or >= 0, a time budget, and a utility floor (the task's held-out loss
-not worse than the untrained model's by more than a margin; only a warning for defenses that declare
-an epsilon, whose noise may legitimately cost that much). The held-out loss stands in for the
-scenario's utility (which can mean sampling images for FID): cheap, and the same direction everywhere.
-An attack is checked for its declared kind and views and run once on a smoke observation (scores: one
-finite value per candidate; reconstructions: finite, in the model's input shape).
+A defense is trained for a few rounds on the ``smoke`` preset of a scenario it applies to, twice with the same seed
+(and different Python / NumPy global seeds, so hidden unseeded randomness shows), and checked for: typed
+hyper-parameters and a valid grid, a valid setting (threat views), messages whose tensors are a subset of the shared
+parameters with the same shapes, finite values, no in-place change of the global state, an aggregate with the global
+state's keys and shapes, identical global states for a fixed seed (the second run stopped after its first round and
+resumed from its checkpoint), epsilon None or >= 0, a time budget, and a utility floor (the task's held-out loss not
+worse than the untrained model's by more than a margin; only a warning for defenses that declare an epsilon, whose
+noise may legitimately cost that much). The held-out loss stands in for the scenario's utility (which can mean
+sampling images for FID): cheap, and the same direction everywhere. An attack is checked for its declared kind and
+views and run once on a smoke observation (scores: one finite value per candidate; reconstructions: finite, in the
+model's input shape).
 """
 
 from __future__ import annotations
@@ -22,16 +22,19 @@ import math
 import os
 import random
 import sys
+import tempfile
 import time
 import traceback
 import typing
 from dataclasses import dataclass, field, replace
 from functools import cache
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TextIO, cast
 
 import numpy as np
 import torch
 
+from .checkpoint import Checkpoint
 from .params import describe_field, range_of, valid_epsilon
 from .registry import ATTACKS, DEFENSES, SCENARIOS, UsageError, build, expand, parse_value
 from .run_state import resolve_delta
@@ -282,6 +285,37 @@ def _train(task: Task, probe: _Probe, seed: int, py_seed: int):
     return model, res, time.time() - t0
 
 
+class _Stop(Exception):
+    """Ends a conformance run right after its first checkpoint (a kill, without the process dying)."""
+
+
+class _StopAfterSave(Checkpoint):
+    def save(self, state: dict[str, Any]) -> None:
+        super().save(state)
+        if self.unsaved:
+            raise TypeError(self.unsaved)
+        raise _Stop
+
+
+def _train_resumed(task: Task, defense: Defense, seed: int, py_seed: int):
+    """A run stopped after its first round and resumed from its checkpoint (bench.checkpoint), which must
+    give the uninterrupted run's result; a one-round run (central defenses) just runs."""
+    from .fl import run_federated
+
+    random.seed(py_seed)
+    np.random.seed(py_seed)  # noqa: NPY002
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="bench-check-") as tmp:
+        path = Path(tmp) / "run.ckpt"
+        try:
+            _, res = run_federated(task, defense, seed, desc="check", checkpoint=_StopAfterSave(path, "check", 0.0))
+        except _Stop:
+            random.seed(py_seed + 1)  # the resumed process's own global seeds: the checkpoint must restore them
+            np.random.seed(py_seed + 1)  # noqa: NPY002
+            _, res = run_federated(task, defense, seed, desc="check", checkpoint=Checkpoint(path, "check", math.inf))
+    return res, time.time() - t0
+
+
 HELDOUT = 32  # test items for the utility floor
 
 
@@ -368,11 +402,12 @@ def check_defense_config(
     moved = [n for n in names if n in p0 and not torch.equal(p0[n].detach(), res.global_state[n])]
     report.add("updates", bool(moved), f"{len(moved)}/{len(names)} shared tensors changed by training")
     try:
-        _, res2, wall2 = _train(task, _Probe(copy.deepcopy(defense)), seed, 2)
+        res2, wall2 = _train_resumed(task, cast(Defense, _Probe(copy.deepcopy(defense))), seed, 2)
         diff = [n for n in res.global_state if not torch.equal(res.global_state[n], res2.global_state[n])]
         same_t = res.transcript == res2.transcript
         detail = (
-            "identical global state and transcript for seed 0"
+            "identical global state and transcript for seed 0 (second run stopped after round 1, resumed from its "
+            "checkpoint)"
             if not diff and same_t
             else (
                 f"{len(diff)} tensor(s) differ between two runs with seed {seed}"
@@ -383,14 +418,17 @@ def check_defense_config(
                     else ""
                 )
                 + ("" if same_t else "; the message transcripts differ")
-                + " (hint: draw randomness from ctx.generator, not the random / numpy global state)"
+                + " (the second run was stopped after round 1 and resumed from its checkpoint; hint: draw "
+                "randomness from ctx.generator, not the random / numpy global state, and keep state across "
+                "rounds in ClientState.private or DefenseRun.state, which checkpoints save)"
             )
         )
         report.add("determinism", not diff and same_t, detail)
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001
-        report.add("determinism", False, f"second run raised {type(e).__name__}: {e}")
+        hint = " (round checkpoints save ClientState.private and DefenseRun.state: bench/checkpoint.py)"
+        report.add("determinism", False, f"second (resumed) run raised {type(e).__name__}: {e}" + hint)
         wall2 = 0.0
     report.add(
         "time budget", max(wall, wall2) <= budget_s, f"{max(wall, wall2):.1f} s per run (budget {budget_s:.0f} s)"

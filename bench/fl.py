@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from .checkpoint import Checkpoint, from_plain
 from .progress import nested, progress
 from .run_state import new_run
 from .types import ClientState, Defense, FLConfig, Message, RoundCtx, n_items
@@ -205,19 +206,16 @@ def server_step(ctx: RoundCtx, name: str, value: Tensor, grad: Tensor) -> Tensor
     """FedSGD with the task's adaptive optimiser (Adam / AdamW): the server applies it to the mean gradient,
     i.e. central training with that optimiser; its moments live in the run's state across rounds."""
     assert ctx.run is not None
-    params: dict[str, nn.Parameter] = ctx.run.state.setdefault("server_params", {})
-    if name not in params:
-        params[name] = nn.Parameter(value.detach().clone())
-        opts = ctx.run.state.setdefault("server_opts", {})
-        opts[name] = make_optimizer([params[name]], ctx.fl)
-    p = params[name]
-    with torch.no_grad():
-        p.copy_(value)
+    states: dict[str, dict] = ctx.run.state.setdefault("server_opt_states", {})  # plain data: checkpoints save it
+    p = nn.Parameter(value.detach().clone())
+    opt = make_optimizer([p], ctx.fl)
+    if name in states:
+        opt.load_state_dict(states[name])  # the moments themselves, not copies (same dtype and device)
     p.grad = grad.detach().to(p.dtype).clone()
-    opt = ctx.run.state["server_opts"][name]
     for group in opt.param_groups:  # the round's scheduled rate (bench.fl.round_lr)
         group["lr"] = ctx.fl.lr
     opt.step()
+    states[name] = opt.state_dict()
     return p.detach().clone()
 
 
@@ -255,12 +253,19 @@ def float_buffers(model: nn.Module) -> dict[str, Tensor]:
 
 
 def run_federated(
-    task, defense: Defense, seed: int, *, keep_clients: bool = True, desc: str = ""
+    task,
+    defense: Defense,
+    seed: int,
+    *,
+    keep_clients: bool = True,
+    desc: str = "",
+    checkpoint: Checkpoint | None = None,
 ) -> tuple[nn.Module, TrainResult]:
     """Train ``task`` under ``defense``; returns the global model and the server's record.
 
     Central defenses (``setting == "central"``) run as one client holding ``task.central_data``
-    for one round of ``task.central_epochs`` epochs: the released model is the result.
+    for one round of ``task.central_epochs`` epochs: the released model is the result. ``checkpoint``:
+    resume from it when it holds a saved round, and save to it between rounds (bench.checkpoint).
     """
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -284,8 +289,19 @@ def run_federated(
     transcript: list[dict] = []
     bytes_down: list[int] = []
     logs: dict[str, list] = {}
+    start, before = 0, 0.0
+    saved = checkpoint.load() if checkpoint is not None else None
+    if saved is not None:  # random states are restored by load(); the rest of the simulator's state here
+        start, before = saved["next_round"], saved["wall_s"]
+        global_state, global_buffers, privates = saved["global_state"], saved["global_buffers"], saved["privates"]
+        latest, transcript, bytes_down, logs = saved["latest"], saved["transcript"], saved["bytes_down"], saved["logs"]
+        privates = from_plain(privates, {k: {} for k in privates}, "ClientState.private")
+        run.state = from_plain(saved["run_state"], run.state, "DefenseRun.state")  # into start_run's fresh objects
+        gen.set_state(saved["generator"])
     t0 = time.time()
     for r in progress(range(fl.rounds), desc=desc or f"train {task.id} {defense.name}", leave=False, unit=True):
+        if r < start:  # done before the checkpoint
+            continue
         sel = sorted(torch.randperm(len(datasets), generator=gen)[: fl.clients_per_round].tolist())
         ctx = RoundCtx(
             round=r,
@@ -336,6 +352,12 @@ def run_federated(
         for n, t in global_state.items():
             if not torch.isfinite(t).all():
                 raise FloatingPointError(f"training diverged: round {r + 1} of {fl.rounds}: non-finite global {n}")
+        if checkpoint is not None and checkpoint.due(last_round=r + 1 == fl.rounds):
+            state = dict(global_state=global_state, global_buffers=global_buffers, privates=privates, latest=latest)
+            state.update(transcript=transcript, bytes_down=bytes_down, logs=logs, run_state=run.state)
+            checkpoint.save(
+                {**state, "next_round": r + 1, "generator": gen.get_state(), "wall_s": before + time.time() - t0}
+            )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # process peak RSS
     load_state(model, global_state, global_buffers)
     res = TrainResult(
@@ -344,7 +366,7 @@ def run_federated(
         transcript,
         bytes_down,
         logs=logs,
-        wall_s=time.time() - t0,
+        wall_s=before + time.time() - t0,
         peak_mem_mb=peak / 2**20,
         global_buffers=global_buffers,
     )

@@ -32,6 +32,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from . import cachefile
+from .checkpoint import Checkpoint
 from .fl import TrainResult, client_model_state, run_federated, split_clients
 from .signal_cache import fingerprint
 from .store import stable_hash
@@ -229,12 +230,15 @@ def reference_cached(
 
 
 def _train(task: Task, defense: Defense, seed: int, r: int, spec: RefSpec, stem: Path | None) -> TrainResult:
-    """Train reference run ``r`` now and cache it at ``stem`` (atomically; None: memory only)."""
+    """Train reference run ``r`` now and cache it at ``stem`` (atomically; None: memory only), resuming from
+    its round checkpoint (bench/checkpoint.py) when an earlier attempt left one."""
+    ckpt = Checkpoint(stem.with_name(stem.name + ".ckpt"), key=stem.name) if stem is not None else None
     _, res = run_federated(
         reference_task(task, defense, spec.items, labels=spec.labels, split_seed=ref_seed(seed, r)),
         defense,
         ref_seed(seed, r),
         desc=f"reference {r} {task.id} {label(defense)} s{seed}",
+        checkpoint=ckpt,
     )
     if sum(t.numel() for t in res.global_state.values()) > MAX_CLIENT_NUMEL:  # as the target run keeps
         keep = target_client(res, seed=seed, num_clients=len(task.client_data))
@@ -257,6 +261,8 @@ def _train(task: Task, defense: Defense, seed: int, r: int, spec: RefSpec, stem:
                 f"warning: reference cache {r} for {label(defense)} seed {seed} not written: {type(e).__name__}: {e}",
                 file=sys.stderr,
             )
+    if ckpt is not None:
+        ckpt.clear()
     return res
 
 

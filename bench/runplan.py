@@ -130,6 +130,7 @@ class Plan:
     na_cells: list = field(default_factory=list)  # n/a cells not yet recorded
     groups: dict[tuple, list] = field(default_factory=dict)  # applicable unfinished cells by group_key
     needs_training: set = field(default_factory=set)  # group keys whose training run is not cached
+    resumable: int = 0  # of them, runs with a round checkpoint to resume from (bench/checkpoint.py)
     trainings: int = 0  # distinct training runs the applicable unfinished cells use
     references: int = 0  # reference runs ([RMIA]) the applicable unfinished cells use
     needs_reference: dict[tuple, list[int]] = field(default_factory=dict)  # group key -> reference runs to train
@@ -179,7 +180,8 @@ class Plan:
                 f"plan: {self.planned} cells planned, {self.applicable} applicable "
                 f"({self.planned - self.applicable} n/a), {self.done} already done, {self.to_run} to run",
                 f"      training runs: {self.trainings} used by the cells to run, {len(self.needs_training)} to train "
-                f"({self.trainings - len(self.needs_training)} cached)",
+                f"({self.trainings - len(self.needs_training)} cached"
+                + (f", {self.resumable} resume from a round checkpoint)" if self.resumable else ")"),
                 *refs,
                 f"      estimated time: {fmt_duration(self.est_wall_s)} with {self.jobs} job(s) "
                 f"({fmt_duration(self.est_total_s)} of work; {src})",
@@ -216,6 +218,8 @@ def training_cached(task, defense, seed: int, out: Path, *, readonly: bool = Fal
 
 
 def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
+    from .training import checkpoint_path  # imported when planning (bench list stays light)
+
     f = model.factors
     span = (f"{f[0]:.2g}" if f[0] == f[-1] else f"{f[0]:.2g}-{f[-1]:.2g}") if f else ""
     pl = Plan(planned=len(cells), jobs=jobs, learned_from=model.n_records, scaled=model.n_scaled, scale_text=span)
@@ -236,7 +240,8 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
         readonly = getattr(store, "readonly", False)
         if not training_cached(c.task, c.defense, c.seed, store.out, readonly=readonly):
             pl.needs_training.add(key)
-            pl.add("training", model.train_cost(c.task, c.defense))
+            pl.add("training", model.train_cost(c.task, c.defense))  # a resumed run costs less: not estimated
+            pl.resumable += checkpoint_path(c.task, c.defense, c.seed, Path(store.out) / "cache").exists()
         try:
             todo = references_to_train(group, store.out, readonly=readonly)
         except ValueError as e:  # none scheduled: the group's reference-model cells will fail with this reason

@@ -20,7 +20,8 @@ Defaults for the adaptive ones (lr 1e-3, tau 1e-3, b1 0.9, b2 0.99), mu 0.01 and
 OpenFedLLM, the code base DP-FedLoRA's experiments ran on. The FedAvg and FedAvgM server steps are the classes
 :class:`ServerAvg` and :class:`ServerAvgM` (keys ``fedavg``, ``fedavgm``; ``defenses.fedavg.FedAvg`` is the defense).
 
-State lives in the optimizer object (the server); call :meth:`reset` at the start of a training run.
+State lives in the optimizer object (the server); call :meth:`reset` at the start of a training run; its
+``state_dict()`` (the fields not set at construction) is what a round checkpoint saves.
 Client-side hooks (FedProx, SCAFFOLD) take the client's ``ClientState`` and keep client state in
 ``state.private``. SCAFFOLD's control-variate traffic cannot travel in a ``Message`` (its tensors must be
 model parameters), so clients hand their delta c_i to :meth:`Scaffold.after_local` and the message meta
@@ -47,6 +48,14 @@ class ServerAvg:
 
     def reset(self) -> None:
         """Forget all server state (start of a training run)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The server state a round checkpoint saves (bench/checkpoint.py): the fields not set at construction."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if not f.init}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
 
     # ---- client side -----------------------------------------------------------------------
     def local_hooks(self, state, ctx, names: Sequence[str]) -> dict[str, Callable]:

@@ -3,7 +3,7 @@
 The cache holds the server's view (global state, each client's latest sent weights, the message
 transcript's metadata), the utility of the global model, and costs: tensors as safetensors, the rest as
 JSON with the tensors' checksum (bench/cachefile.py; no pickle). A damaged entry is quarantined and the run
-retrained.
+retrained. A run in progress saves round checkpoints beside its entry (bench/checkpoint.py) and resumes from them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from . import cachefile
+from .checkpoint import Checkpoint
 from .fl import TrainResult, client_model_state, load_state, run_federated
 from .store import stable_hash
 from .task import Task
@@ -108,6 +109,12 @@ def cache_stem(task: Task, defense: Defense, seed: int, cache_root: Path) -> Pat
     return cache_root / "train" / train_key(task, defense, seed)
 
 
+def checkpoint_path(task: Task, defense: Defense, seed: int, cache_root: Path) -> Path:
+    """``<cache_root>/train/<train_key>.ckpt``: the run's round checkpoint while it trains (bench/checkpoint.py)."""
+    stem = cache_stem(task, defense, seed, cache_root)
+    return stem.with_name(stem.name + ".ckpt")
+
+
 def _quarantine_dir(cache_root: Path) -> Path:
     return cache_root.parent / "quarantine" / cache_root.name / "train"
 
@@ -128,7 +135,8 @@ def get_training(task: Task, defense: Defense, seed: int, cache_root: Path) -> T
     hit = cachefile.load(stem, _decode, quarantine_dir=qdir, legacy=(stem.with_name(stem.name + ".pt"), _legacy))
     if hit is not None:
         return hit
-    model, res = run_federated(task, defense, seed, desc=f"train {task.id} {label(defense)} s{seed}")
+    ckpt = Checkpoint(checkpoint_path(task, defense, seed, cache_root), key=stem.name)
+    model, res = run_federated(task, defense, seed, desc=f"train {task.id} {label(defense)} s{seed}", checkpoint=ckpt)
     numel = sum(t.numel() for t in res.global_state.values())
     if numel > MAX_CLIENT_NUMEL:  # large models: keep only the client the curious server targets
         keep = target_client(res, seed=seed, num_clients=len(task.client_data))
@@ -158,4 +166,5 @@ def get_training(task: Task, defense: Defense, seed: int, cache_root: Path) -> T
             f"warning: training cache for {label(defense)} seed {seed} not written: {type(e).__name__}: {e}",
             file=sys.stderr,
         )
+    ckpt.clear()
     return res

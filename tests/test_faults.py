@@ -542,7 +542,9 @@ def test_misbehaving_contributed_defenses_fail_their_cells_with_the_reason_and_t
 
 
 def _spawn(cmd: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "BENCH_THREADS": "1", "PYTHONHASHSEED": "0"}
+    # a round checkpoint after every round: a kill that lands mid-training resumes from it, and must still give
+    # the uninterrupted run's records
+    env = {**os.environ, "BENCH_THREADS": "1", "PYTHONHASHSEED": "0", "BENCH_CHECKPOINT_S": "0"}
     with open(log, "ab") as f:  # a file, not a pipe: a full pipe would block the child's progress output
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=f, start_new_session=True)
 

@@ -1,0 +1,170 @@
+"""Round checkpoints (bench/checkpoint.py): a stopped run resumes to the uninterrupted run's result."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from bench.checkpoint import ENV, Checkpoint, from_plain, interval, to_plain
+from bench.fl import ClientState, run_federated
+from bench.server_opt import Scaffold
+from bench.training import cache_stem, get_training
+from defenses.dp_gaussian import DPGaussian
+from defenses.fedavg import FedAvg
+from defenses.fedsgd import FedSGD
+from tests.toy import toy_task
+
+
+class Stop(Exception):
+    pass
+
+
+class StopAfterSave(Checkpoint):
+    def save(self, state):
+        super().save(state)
+        raise Stop
+
+
+def same(a, b) -> bool:
+    return (
+        a.global_state.keys() == b.global_state.keys()
+        and all(torch.equal(a.global_state[n], b.global_state[n]) for n in a.global_state)
+        and a.client_latest.keys() == b.client_latest.keys()
+        and all(
+            torch.equal(a.client_latest[k][n], b.client_latest[k][n])
+            for k in a.client_latest
+            for n in a.client_latest[k]
+        )
+        and (a.transcript, a.bytes_down, a.logs) == (b.transcript, b.bytes_down, b.logs)
+    )
+
+
+@pytest.mark.parametrize(
+    "defense, optimizer",
+    [(FedAvg(), "sgd"), (DPGaussian(), "sgd"), (FedSGD(), "adam")],  # adam: the server's moments (fl.server_step)
+    ids=["fedavg", "dp_gaussian", "fedsgd-adam"],
+)
+def test_a_run_stopped_after_a_round_resumes_to_the_uninterrupted_result(tmp_path, defense, optimizer):
+    # arrange
+    task = toy_task(rounds=3)
+    task = replace(task, fl=replace(task.fl, optimizer=optimizer))
+    _, whole = run_federated(task, defense, 3)
+    path = tmp_path / "run.ckpt"
+    # act: stopped right after round 1's checkpoint; the global RNG is disturbed before resuming
+    with pytest.raises(Stop):
+        run_federated(task, defense, 3, checkpoint=StopAfterSave(path, "k", 0.0))
+    torch.manual_seed(12345)
+    _, resumed = run_federated(task, defense, 3, checkpoint=Checkpoint(path, "k", math.inf))
+    # assert
+    assert same(whole, resumed)
+    assert len(resumed.bytes_down) == len(whole.bytes_down) > 1
+
+
+def test_an_unusable_checkpoint_is_deleted_with_a_warning_and_the_run_starts_over(tmp_path, capsys):
+    # arrange
+    task = toy_task(rounds=2)
+    _, whole = run_federated(task, FedAvg(), 0)
+    damaged = tmp_path / "damaged.ckpt"
+    damaged.write_bytes(b"not a checkpoint")
+    foreign = tmp_path / "foreign.ckpt"
+    with pytest.raises(Stop):
+        run_federated(task, FedAvg(), 1, checkpoint=StopAfterSave(foreign, "seed1", 0.0))
+    # act
+    _, from_damaged = run_federated(task, FedAvg(), 0, checkpoint=Checkpoint(damaged, "seed0", math.inf))
+    _, from_foreign = run_federated(task, FedAvg(), 0, checkpoint=Checkpoint(foreign, "seed0", math.inf))
+    # assert
+    err = capsys.readouterr().err
+    assert "checkpoint damaged.ckpt not used" in err and "training from round 1" in err
+    assert "checkpoint foreign.ckpt not used" in err and "belongs to training run 'seed1'" in err
+    assert same(whole, from_damaged) and same(whole, from_foreign)
+    assert not damaged.exists() and not foreign.exists()
+
+
+def test_get_training_checkpoints_between_rounds_and_deletes_the_file_when_done(tmp_path, monkeypatch):
+    # arrange: a checkpoint after every round; the second round sees the first one on disk
+    monkeypatch.setenv(ENV, "0")
+    task = toy_task(rounds=2)
+    stem = cache_stem(task, FedAvg(), 0, tmp_path)
+    seen = []
+    saved = Checkpoint.save
+
+    def spy(self, state):
+        saved(self, state)
+        seen.append((self.path.name, self.path.exists()))
+
+    monkeypatch.setattr(Checkpoint, "save", spy)
+    # act
+    res = get_training(task, FedAvg(), 0, tmp_path)
+    # assert
+    assert seen == [(stem.name + ".ckpt", True)]  # after round 1 only: the last round is cached instead
+    assert not list(stem.parent.glob("*.ckpt"))
+    assert len(res.bytes_down) == 2
+
+
+@pytest.mark.parametrize("raw", ["soon", "-1"])
+def test_a_bad_checkpoint_interval_is_an_error_naming_the_variable(monkeypatch, raw):
+    monkeypatch.setenv(ENV, raw)
+    with pytest.raises(ValueError, match=ENV):
+        interval()
+
+
+def test_objects_in_a_defenses_state_are_saved_as_state_dicts_and_loaded_into_fresh_ones(tmp_path):
+    # arrange: what a defense may keep in DefenseRun.state, after some steps
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.Adam([w], lr=0.1)
+    w.grad = torch.tensor([1.0, -2.0, 3.0])
+    opt.step()
+    scaffold = Scaffold()
+    scaffold.c = {"w": torch.tensor([0.5, 0.25, 0.0])}
+    state = {"opt": opt, "server_opt": scaffold, "log": [1, (2.0, "x")]}
+    torch.save(to_plain(state), tmp_path / "s.pt")
+    fresh_w = torch.nn.Parameter(torch.ones(3))
+    fresh = {"opt": torch.optim.Adam([fresh_w], lr=0.1), "server_opt": Scaffold()}
+    # act
+    back = from_plain(torch.load(tmp_path / "s.pt", weights_only=True), fresh)
+    # assert
+    assert back["opt"] is fresh["opt"] and back["server_opt"] is fresh["server_opt"]
+    assert torch.equal(back["opt"].state[fresh_w]["exp_avg"], opt.state[w]["exp_avg"])
+    assert torch.equal(back["server_opt"].c["w"], scaffold.c["w"]) and back["log"] == [1, (2.0, "x")]
+    with pytest.raises(ValueError, match=r"state\['opt'\]: a saved object's state but no object"):
+        from_plain(to_plain({"opt": opt}), {})
+
+
+class Unsaveable(FedAvg):
+    def client_step(self, state: ClientState, ctx):
+        state.private["hook"] = lambda: None  # not plain data: this run cannot be checkpointed
+        return super().client_step(state, ctx)
+
+
+def test_a_run_whose_state_cannot_be_saved_trains_on_without_checkpoints_and_says_why(tmp_path, capsys):
+    task = toy_task(rounds=2)
+    _, whole = run_federated(task, Unsaveable(), 0)
+
+    _, res = run_federated(task, Unsaveable(), 0, checkpoint=Checkpoint(tmp_path / "run.ckpt", "k", 0.0))
+
+    assert same(whole, res) and not (tmp_path / "run.ckpt").exists()
+    err = capsys.readouterr().err
+    assert "no round checkpoints for this run: state['privates'][0]['hook']: a function cannot be checkpointed" in err
+
+
+def test_the_plan_counts_the_training_runs_that_resume_from_a_checkpoint(tmp_path, capsys):
+    # arrange: a checkpoint where the smoke fedsgd run of image-cls/vit would train
+    from bench.cli import main
+    from bench.registry import SCENARIOS, build
+    from bench.training import checkpoint_path
+
+    out = tmp_path / "out"
+    task = next(t for t in SCENARIOS.get("image-cls")("smoke") if t.variant == "vit")
+    path = checkpoint_path(task, build(FedSGD, {}, "defense"), 0, out / "cache")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"a checkpoint")
+    argv = ["run", "--scenario", "image-cls", "--defense", "fedsgd", "--attack", "april", "--preset", "smoke"]
+    # act
+    code = main([*argv, "--out", str(out), "--dry-run"])
+    # assert
+    text = capsys.readouterr().out
+    assert code == 0 and "1 to train (0 cached, 1 resume from a round checkpoint)" in text
+    assert path.read_bytes() == b"a checkpoint"  # a dry run reads, never deletes
