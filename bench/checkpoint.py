@@ -2,15 +2,17 @@
 running, and the resumed run is bit-for-bit the uninterrupted one (every random state the run draws from is
 restored with it; ``bench check`` verifies this for every defense).
 
-A checkpoint holds the simulator's whole state after a round (bench.fl.run_federated): the global state and
-buffers, each client's private state and latest message, the transcript and logs, the defense's run state
+A checkpoint holds the simulator's whole state after a round (bench.fl.run_federated, ``kind="round"``): the global
+state and buffers, each client's private state and latest message, the transcript and logs, the defense's run state
 (server optimisers' state dicts) and the torch / NumPy / Python random states with the run's generator. It is
-written atomically beside the run's cache entry (``<cache>/train/<key>.ckpt``) once at least ``every_s``
-seconds have passed since the run started or last saved (``BENCH_CHECKPOINT_S``, default 120 s, so short runs
-never write one), and deleted when the run finishes. It holds plain data only (tensors, numbers, strings,
-lists, tuples, dicts) and is read with ``torch.load(weights_only=True)``, so like every cache it never
-unpickles code; an object in a defense's state is saved as its ``state_dict()`` and restored into the object
-``Defense.start_run`` made afresh. A central run is one round: it has nothing to resume from.
+written atomically beside the run's cache entry (``<cache>/train/<key>.ckpt``) once at least ``every_s`` seconds
+have passed since the run started or last saved (``BENCH_CHECKPOINT_S``, default 120 s, so short runs never write
+one), and deleted when the run finishes. It holds plain data only (tensors, numbers, strings, lists, tuples, dicts)
+and is read with ``torch.load(weights_only=True)``, so like every cache it never unpickles code; an object in a
+defense's state is saved as its ``state_dict()`` and restored into the object ``Defense.start_run`` made afresh. A
+central run is one round of many epochs: its training loop saves after an epoch instead (``kind="epoch"``: the
+trained parameters, the optimiser, the loop's own state and position; the central LDM LoRA defenses'
+``defenses/_lora_common.lora_loop``), reached through ``RoundCtx.checkpoint``.
 """
 
 from __future__ import annotations
@@ -111,9 +113,9 @@ class Checkpoint:
     unsaved: str = field(default="", init=False)  # why this run cannot be checkpointed ("": it can)
     _last: float = field(default_factory=time.monotonic, init=False, repr=False)
 
-    def due(self, *, last_round: bool) -> bool:
-        """Save now? Never after the last round (the result is cached instead)."""
-        return not last_round and time.monotonic() - self._last >= self.every_s
+    def due(self, *, last: bool) -> bool:
+        """Save now? Never after the last round or epoch (the result is cached instead)."""
+        return not last and time.monotonic() - self._last >= self.every_s
 
     def save(self, state: dict[str, Any]) -> None:
         """Write ``state`` (the simulator's, after a round) with the process's random states, atomically. State
@@ -129,9 +131,10 @@ class Checkpoint:
         atomic_write_bytes(self.path, buf.getvalue())
         self._last = time.monotonic()
 
-    def load(self) -> dict[str, Any] | None:
-        """The saved state (random states restored), or None: no checkpoint, or one that cannot be used (then
-        deleted, with a warning naming why: the run starts from its first round)."""
+    def load(self, **match: Any) -> dict[str, Any] | None:
+        """The saved state when its items equal ``match`` (e.g. ``kind="round"``; random states restored), else
+        None: no checkpoint, one saved elsewhere in the run (left for the loop it belongs to), or one that
+        cannot be used (deleted, with a warning naming why: the run starts from its first round)."""
         if not self.path.exists():
             return None
         try:
@@ -141,6 +144,8 @@ class Checkpoint:
             if blob.get("key") != self.key:
                 raise ValueError(f"it belongs to training run {blob.get('key')!r}")
             state = blob["state"]
+            if any(state.get(k) != v for k, v in match.items()):
+                return None
             restore_random_states(blob["random"])
         except Exception as e:  # noqa: BLE001 - any unreadable checkpoint means: train from the start
             print(  # noqa: T201

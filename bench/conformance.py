@@ -5,8 +5,8 @@ A defense is trained for a few rounds on the ``smoke`` preset of a scenario it a
 (and different Python / NumPy global seeds, so hidden unseeded randomness shows), and checked for: typed
 hyper-parameters and a valid grid, a valid setting (threat views), messages whose tensors are a subset of the shared
 parameters with the same shapes, finite values, no in-place change of the global state, an aggregate with the global
-state's keys and shapes, identical global states for a fixed seed (the second run stopped after its first round and
-resumed from its checkpoint), epsilon None or >= 0, a time budget, and a utility floor (the task's held-out loss not
+state's keys and shapes, identical global states for a fixed seed (the second run stopped at its first checkpoint and
+resumed from it), epsilon None or >= 0, a time budget, and a utility floor (the task's held-out loss not
 worse than the untrained model's by more than a margin; only a warning for defenses that declare an epsilon, whose
 noise may legitimately cost that much). The held-out loss stands in for the scenario's utility (which can mean
 sampling images for FID): cheap, and the same direction everywhere. An attack is checked for its declared kind and
@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence, TextIO, cast
 
 import numpy as np
 import torch
+from torch.utils.data import Subset
 
 from .checkpoint import Checkpoint
 from .params import describe_field, range_of, valid_epsilon
@@ -298,22 +299,23 @@ class _StopAfterSave(Checkpoint):
 
 
 def _train_resumed(task: Task, defense: Defense, seed: int, py_seed: int):
-    """A run stopped after its first round and resumed from its checkpoint (bench.checkpoint), which must
-    give the uninterrupted run's result; a one-round run (central defenses) just runs."""
+    """A run stopped at its first checkpoint (after round 1; a central run: after epoch 1) and resumed from it
+    (bench.checkpoint), which must give the uninterrupted run's result."""
     from .fl import run_federated
 
     random.seed(py_seed)
     np.random.seed(py_seed)  # noqa: NPY002
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="bench-check-") as tmp:
-        path = Path(tmp) / "run.ckpt"
+        path, stopped = Path(tmp) / "run.ckpt", False
         try:
             _, res = run_federated(task, defense, seed, desc="check", checkpoint=_StopAfterSave(path, "check", 0.0))
         except _Stop:
+            stopped = True
             random.seed(py_seed + 1)  # the resumed process's own global seeds: the checkpoint must restore them
             np.random.seed(py_seed + 1)  # noqa: NPY002
             _, res = run_federated(task, defense, seed, desc="check", checkpoint=Checkpoint(path, "check", math.inf))
-    return res, time.time() - t0
+    return res, time.time() - t0, stopped
 
 
 HELDOUT = 32  # test items for the utility floor
@@ -402,12 +404,16 @@ def check_defense_config(
     moved = [n for n in names if n in p0 and not torch.equal(p0[n].detach(), res.global_state[n])]
     report.add("updates", bool(moved), f"{len(moved)}/{len(names)} shared tensors changed by training")
     try:
-        res2, wall2 = _train_resumed(task, cast(Defense, _Probe(copy.deepcopy(defense))), seed, 2)
+        res2, wall2, stopped = _train_resumed(task, cast(Defense, _Probe(copy.deepcopy(defense))), seed, 2)
         diff = [n for n in res.global_state if not torch.equal(res.global_state[n], res2.global_state[n])]
         same_t = res.transcript == res2.transcript
+        how = (
+            "second run stopped at its first checkpoint (after round 1, or a central run's epoch 1) and resumed"
+            if stopped
+            else "second run saved no checkpoint (one round, no epoch checkpoints in its loop): not resumed"
+        )
         detail = (
-            "identical global state and transcript for seed 0 (second run stopped after round 1, resumed from its "
-            "checkpoint)"
+            f"identical global state and transcript for seed 0 ({how})"
             if not diff and same_t
             else (
                 f"{len(diff)} tensor(s) differ between two runs with seed {seed}"
@@ -418,7 +424,7 @@ def check_defense_config(
                     else ""
                 )
                 + ("" if same_t else "; the message transcripts differ")
-                + " (the second run was stopped after round 1 and resumed from its checkpoint; hint: draw "
+                + f" ({how}; hint: draw "
                 "randomness from ctx.generator, not the random / numpy global state, and keep state across "
                 "rounds in ClientState.private or DefenseRun.state, which checkpoints save)"
             )
@@ -485,8 +491,19 @@ def defense_report(
         f" on {task.id} (smoke, {rounds} rounds of {CLIENTS_PER_ROUND} clients, <= {MAX_LOCAL_STEPS} local steps)"
     )
     report.add("applies", True, f"{task.id}")
-    check_defense_config(defense, shrink(task, rounds), report, budget_s=budget_s)
+    task = shrink(task, rounds)
+    if defense.setting == "central" and task.central_data is not None:
+        task = two_epochs(task)
+    check_defense_config(defense, task, report, budget_s=budget_s)
     return report
+
+
+def two_epochs(task: Task) -> Task:
+    """A central run of 2 epochs of at most 2 batches: one round that crosses an epoch checkpoint."""
+    assert task.central_data is not None
+    n = min(n_items(task.central_data), 2 * task.fl.batch_size)
+    fl = replace(task.fl, max_local_steps=None)
+    return replace(task, central_data=Subset(task.central_data, range(n)), central_epochs=2, fl=fl)
 
 
 def _configs_or_report(registry, name_or_path: str, scenario: str | None, out: TextIO) -> list | None:

@@ -290,7 +290,7 @@ def run_federated(
     bytes_down: list[int] = []
     logs: dict[str, list] = {}
     start, before = 0, 0.0
-    saved = checkpoint.load() if checkpoint is not None else None
+    saved = checkpoint.load(kind="round") if checkpoint is not None else None
     if saved is not None:  # random states are restored by load(); the rest of the simulator's state here
         start, before = saved["next_round"], saved["wall_s"]
         global_state, global_buffers, privates = saved["global_state"], saved["global_buffers"], saved["privates"]
@@ -315,6 +315,7 @@ def run_federated(
             log=logs,
             extras=task.extras,
             run=run,
+            checkpoint=checkpoint,
         )
         msgs = []
         down_bytes = 0
@@ -352,9 +353,9 @@ def run_federated(
         for n, t in global_state.items():
             if not torch.isfinite(t).all():
                 raise FloatingPointError(f"training diverged: round {r + 1} of {fl.rounds}: non-finite global {n}")
-        if checkpoint is not None and checkpoint.due(last_round=r + 1 == fl.rounds):
+        if checkpoint is not None and checkpoint.due(last=r + 1 == fl.rounds):
             state = dict(global_state=global_state, global_buffers=global_buffers, privates=privates, latest=latest)
-            state.update(transcript=transcript, bytes_down=bytes_down, logs=logs, run_state=run.state)
+            state.update(transcript=transcript, bytes_down=bytes_down, logs=logs, run_state=run.state, kind="round")
             checkpoint.save(
                 {**state, "next_round": r + 1, "generator": gen.get_state(), "wall_s": before + time.time() - t0}
             )

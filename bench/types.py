@@ -108,6 +108,9 @@ class RoundCtx:
     log: dict[str, list] = field(default_factory=dict)  # per-step diagnostics a defense wants logged
     extras: Mapping[str, Any] = field(default_factory=dict)  # defender-side data a scenario provides
     run: DefenseRun | None = None  # this training run's state (the same object every round); None: a lone round
+    # the run's checkpoint (bench.checkpoint.Checkpoint) for a loop that saves within a round (a central run's
+    # epochs: defenses/_lora_common.lora_loop); None: no checkpoints
+    checkpoint: Any = None
 
     def log_value(self, key: str, value: float) -> None:
         self.log.setdefault(key, []).append(float(value))

@@ -6,12 +6,12 @@ Not a defense itself: the registry skips module names starting with ``_``.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from bench.fl import current, loader, train_mode, trainable
+from bench.fl import current, load_state, loader, train_mode, trainable
 from bench.progress import nested
 from bench.types import ClientState, Message, RoundCtx, TaskSpec, n_items
 
@@ -19,6 +19,8 @@ NEEDS_LDM = "needs a latent-diffusion LoRA task with auxiliary member / non-memb
 
 # objective(model, batch) -> (loss to minimise, values to log for this step)
 Objective = Callable[[nn.Module, object], tuple[Tensor, dict[str, float]]]
+# (get, set) of the state an objective keeps across steps (MP-LoRA's proxy and sampler), for epoch checkpoints
+LoopState = tuple[Callable[[], dict[str, Any]], Callable[[dict[str, Any]], None]]
 
 
 def requires_ldm(api: TaskSpec) -> str | None:
@@ -41,17 +43,33 @@ def lora_loop(
     objective: Objective,
     *,
     before_step: Callable[[int], dict[str, float]] | None = None,
+    loop_state: LoopState | None = None,
 ) -> Message:
     """``ctx.fl.local_epochs`` epochs over ``state.data`` in batches of ``ctx.fl.batch_size`` (capped by
     ``max_local_steps``), AdamW(lr, weight decay of ``ctx.fl``) on the shared (LoRA) parameters.
     ``before_step(step)`` runs first each step (the proxy's inner maximisation, Alg. 1 lines 4-6).
-    Returns the weights message with every shared parameter."""
+    Saves an epoch checkpoint when due and resumes from one (``ctx.checkpoint``, bench/checkpoint.py), with
+    ``loop_state``: what the objective keeps across steps. Returns the weights message with every shared
+    parameter."""
     names = list(ctx.shared_names)
     model = train_mode(state.model, ctx.fl)
     params = trainable(model, names)
     opt = torch.optim.AdamW(params, lr=ctx.fl.lr, weight_decay=ctx.fl.weight_decay)
-    step, cap = 0, ctx.fl.max_local_steps
-    for _ in nested(range(ctx.fl.local_epochs)):  # the run's bar moves within a central run's one round
+    step, cap, first = 0, ctx.fl.max_local_steps, 0
+    ckpt, where = ctx.checkpoint, {"kind": "epoch", "round": ctx.round, "client": state.client}
+    saved = ckpt.load(**where) if ckpt is not None else None
+    if saved is not None:  # the torch / NumPy / Python random states are restored by load()
+        load_state(model, saved["params"])
+        opt.load_state_dict(saved["opt"])
+        if loop_state is not None:
+            loop_state[1](saved["loop"])
+        ctx.generator.set_state(saved["generator"])
+        ctx.log.clear()
+        ctx.log.update(saved["log"])
+        step, first = saved["step"], saved["epoch"]
+    for epoch in nested(range(ctx.fl.local_epochs)):  # the run's bar moves within a central run's one round
+        if epoch < first:  # done before the checkpoint
+            continue
         for batch in nested(loader(state.data, ctx)):
             logs = dict(before_step(step)) if before_step is not None else {}
             loss, more = objective(model, batch)
@@ -67,6 +85,10 @@ def lora_loop(
             step += 1
             if cap is not None and step >= cap:
                 return Message(state.client, ctx.round, current(model, names), n_items(state.data), kind="weights")
+        if ckpt is not None and ckpt.due(last=epoch + 1 == ctx.fl.local_epochs):
+            mine = {"params": current(model, names), "opt": opt.state_dict(), "generator": ctx.generator.get_state()}
+            loop = loop_state[0]() if loop_state is not None else None
+            ckpt.save({**where, **mine, "epoch": epoch + 1, "step": step, "loop": loop, "log": ctx.log})
     return Message(state.client, ctx.round, current(model, names), n_items(state.data), kind="weights")
 
 

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bench.checkpoint import from_plain
 from bench.params import param
 from bench.registry import register_defense
 from bench.types import ClientState, Defense, Message, RoundCtx, TaskSpec
@@ -147,6 +148,17 @@ class ProxyMinMax(Defense):
                 h = ProxyAttack(dim, dropout=self.proxy_dropout)
             proxy["h"] = h
             proxy["opt"] = torch.optim.Adam(h.parameters(), lr=self.proxy_lr, weight_decay=self.proxy_weight_decay)
+            proxy["dim"] = dim
+
+        def get_state() -> dict[str, Any]:
+            """What an epoch checkpoint saves of this loop: the aux sampler and the proxy (made on first use)."""
+            return {"rng": rng.bit_generator.state, "proxy": dict(proxy)}
+
+        def set_state(saved: dict[str, Any]) -> None:
+            rng.bit_generator.state = saved["rng"]
+            if "dim" in saved["proxy"]:
+                make_proxy(saved["proxy"]["dim"])
+                from_plain(saved["proxy"], proxy, "proxy")  # loads into the fresh proxy and its optimiser
 
         def signals(model: nn.Module, items: list) -> Tensor:
             with torch.no_grad():
@@ -197,7 +209,7 @@ class ProxyMinMax(Defense):
             )
             return total, logs
 
-        return lora_loop(state, ctx, outer_objective, before_step=inner_max)
+        return lora_loop(state, ctx, outer_objective, before_step=inner_max, loop_state=(get_state, set_state))
 
     def aggregate(self, global_state: dict[str, Tensor], msgs: Sequence[Message], ctx: RoundCtx) -> dict[str, Tensor]:
         return take_single(global_state, msgs)
