@@ -1,6 +1,6 @@
 """Benchmark: one inverting-gradients iteration against one forward+backward of the same model.
 
-    BENCH_THREADS=1 nice -n 10 python -m pytest tests/bench_inversion.py --benchmark-only -q -s
+    BENCH_THREADS=1 nice -n 10 python -m pytest -n 0 tests/bench_inversion.py --benchmark-only -q -s
 
 For the default preset's ResNet34 and ViT (32 px, batch-1 client update) each round times, back to back,
 one forward+backward of the attacker's copy of the model

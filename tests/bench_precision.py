@@ -1,6 +1,6 @@
 """Benchmark: ``--precision bf16`` against fp32 on the CPU, for the LLM family's two hot units.
 
-    BENCH_THREADS=1 nice -n 10 python -m pytest tests/bench_precision.py --benchmark-only -q -s
+    BENCH_THREADS=1 nice -n 10 python -m pytest -n 0 tests/bench_precision.py --benchmark-only -q -s
 
 A SmolLM2-135M-shaped Llama (random weights: the cost depends on the shapes only) with LoRA on q/v
 (``models.llm.add_lora``, the llm-text default's rank 8), a batch of 16 x 64 tokens. Each round times,

@@ -1,6 +1,6 @@
 """Benchmark: every score-based membership variant of a candidate against one forward pass of its model.
 
-    BENCH_THREADS=1 nice -n 10 python -m pytest tests/bench_signals.py --benchmark-only -q -s
+    BENCH_THREADS=1 nice -n 10 python -m pytest -n 0 tests/bench_signals.py --benchmark-only -q -s
 
 A SmolLM2-135M-shaped Llama (random weights, 49,152-token vocabulary, 30 layers) and one 64-token
 sequence. Each round times, back to back: the model's forward pass (the reference); MaxRényi's signals

@@ -7,11 +7,19 @@ see tests/assets.py). A module that defines its own ``smoke`` / ``batch`` keeps 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.assets import need
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pyproject's addopts run the suite in worker processes (pytest-xdist)
+    import torch
+
+    # one thread each, as the harness's own workers: on 2 cores two single-thread processes gave 1.9x one, while
+    # two threads in one process under load were 3x slower than one (README: BENCH_THREADS)
+    torch.set_num_threads(1)
 
 # scenario -> (file that proves its smoke data is installed, how to install it)
 SMOKE_ASSETS: dict[str, tuple[str, str]] = {

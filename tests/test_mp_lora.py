@@ -209,6 +209,7 @@ def test_a_central_lora_run_moves_the_run_bar_within_its_one_round(monkeypatch):
         task=SimpleNamespace(collate=None),
         log_value=lambda k, v: None,
         round=0,
+        checkpoint=None,
     )
     state = SimpleNamespace(model=model, data=TensorDataset(torch.randn(8, 2)), client=0)
     reports: list = []
