@@ -130,7 +130,7 @@ class Plan:
     na_cells: list = field(default_factory=list)  # n/a cells not yet recorded
     groups: dict[tuple, list] = field(default_factory=dict)  # applicable unfinished cells by group_key
     needs_training: set = field(default_factory=set)  # group keys whose training run is not cached
-    resumable: int = 0  # of them, runs with a round checkpoint to resume from (bench/checkpoint.py)
+    resumable: int = 0  # of them, runs with a round or epoch checkpoint to resume from (bench/checkpoint.py)
     trainings: int = 0  # distinct training runs the applicable unfinished cells use
     references: int = 0  # reference runs ([RMIA]) the applicable unfinished cells use
     needs_reference: dict[tuple, list[int]] = field(default_factory=dict)  # group key -> reference runs to train
@@ -181,7 +181,7 @@ class Plan:
                 f"({self.planned - self.applicable} n/a), {self.done} already done, {self.to_run} to run",
                 f"      training runs: {self.trainings} used by the cells to run, {len(self.needs_training)} to train "
                 f"({self.trainings - len(self.needs_training)} cached"
-                + (f", {self.resumable} resume from a round checkpoint)" if self.resumable else ")"),
+                + (f", {self.resumable} resume from a checkpoint)" if self.resumable else ")"),
                 *refs,
                 f"      estimated time: {fmt_duration(self.est_wall_s)} with {self.jobs} job(s) "
                 f"({fmt_duration(self.est_total_s)} of work; {src})",

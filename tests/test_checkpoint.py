@@ -166,5 +166,5 @@ def test_the_plan_counts_the_training_runs_that_resume_from_a_checkpoint(tmp_pat
     code = main([*argv, "--out", str(out), "--dry-run"])
     # assert
     text = capsys.readouterr().out
-    assert code == 0 and "1 to train (0 cached, 1 resume from a round checkpoint)" in text
+    assert code == 0 and "1 to train (0 cached, 1 resume from a checkpoint)" in text
     assert path.read_bytes() == b"a checkpoint"  # a dry run reads, never deletes
