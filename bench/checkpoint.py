@@ -103,6 +103,11 @@ def from_plain(saved: Any, fresh: Any, where: str = "state") -> Any:
     return saved
 
 
+def path_for(stem: Path) -> Path:
+    """The checkpoint file of the run whose cache entry is ``stem`` (bench/cachefile.py): ``<stem>.ckpt``."""
+    return stem.with_name(stem.name + ".ckpt")
+
+
 @dataclass
 class Checkpoint:
     """The checkpoint file of one training run (``key``: its training key; another run's file is ignored)."""

@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from . import cachefile
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, path_for
 from .fl import TrainResult, client_model_state, run_federated, split_clients
 from .signal_cache import fingerprint
 from .store import stable_hash
@@ -232,7 +232,7 @@ def reference_cached(
 def _train(task: Task, defense: Defense, seed: int, r: int, spec: RefSpec, stem: Path | None) -> TrainResult:
     """Train reference run ``r`` now and cache it at ``stem`` (atomically; None: memory only), resuming from
     its round checkpoint (bench/checkpoint.py) when an earlier attempt left one."""
-    ckpt = Checkpoint(stem.with_name(stem.name + ".ckpt"), key=stem.name) if stem is not None else None
+    ckpt = Checkpoint(path_for(stem), key=stem.name) if stem is not None else None
     _, res = run_federated(
         reference_task(task, defense, spec.items, labels=spec.labels, split_seed=ref_seed(seed, r)),
         defense,

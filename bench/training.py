@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from . import cachefile
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, path_for
 from .fl import TrainResult, client_model_state, load_state, run_federated
 from .store import stable_hash
 from .task import Task
@@ -111,8 +111,7 @@ def cache_stem(task: Task, defense: Defense, seed: int, cache_root: Path) -> Pat
 
 def checkpoint_path(task: Task, defense: Defense, seed: int, cache_root: Path) -> Path:
     """``<cache_root>/train/<train_key>.ckpt``: the run's round checkpoint while it trains (bench/checkpoint.py)."""
-    stem = cache_stem(task, defense, seed, cache_root)
-    return stem.with_name(stem.name + ".ckpt")
+    return path_for(cache_stem(task, defense, seed, cache_root))
 
 
 def _quarantine_dir(cache_root: Path) -> Path:
@@ -135,7 +134,7 @@ def get_training(task: Task, defense: Defense, seed: int, cache_root: Path) -> T
     hit = cachefile.load(stem, _decode, quarantine_dir=qdir, legacy=(stem.with_name(stem.name + ".pt"), _legacy))
     if hit is not None:
         return hit
-    ckpt = Checkpoint(checkpoint_path(task, defense, seed, cache_root), key=stem.name)
+    ckpt = Checkpoint(path_for(stem), key=stem.name)
     model, res = run_federated(task, defense, seed, desc=f"train {task.id} {label(defense)} s{seed}", checkpoint=ckpt)
     numel = sum(t.numel() for t in res.global_state.values())
     if numel > MAX_CLIENT_NUMEL:  # large models: keep only the client the curious server targets
