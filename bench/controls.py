@@ -19,11 +19,22 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from typing import Iterable
 
 import numpy as np
 
-from .bootstrap import auroc_rows, hierarchical, paired_groups, paired_points, paired_replicates, percentile_interval
+from .bootstrap import (
+    AUROC,
+    Drawn,
+    auroc_rows,
+    draw_stat,
+    hierarchical,
+    paired_groups,
+    paired_points,
+    paired_replicates,
+    percentile_interval,
+)
 
 AUROC_MIN = 0.75
 GAP_MIN = 0.10
@@ -70,12 +81,7 @@ def _auroc(recs: list[dict], rng: np.random.Generator) -> tuple[float, np.ndarra
     if not groups:
         return None
     value = float(np.mean([auroc_rows(p[None], n[None])[0] for p, n in groups]))
-
-    def draw(g, b, r):
-        p, n = g
-        return auroc_rows(p[r.integers(0, len(p), (b, len(p)))], n[r.integers(0, len(n), (b, len(n)))])
-
-    return value, hierarchical(groups, draw, rng, N_BOOT)
+    return value, hierarchical([Drawn(p, n) for p, n in groups], partial(draw_stat, AUROC), rng, N_BOOT)
 
 
 def _gap(mine: list[dict], base: list[dict], rng: np.random.Generator) -> tuple[float, float, bool] | None:
@@ -83,7 +89,7 @@ def _gap(mine: list[dict], base: list[dict], rng: np.random.Generator) -> tuple[
     groups = paired_groups(mine, base)
     if groups is not None:
         a, b = paired_points(groups, auroc_rows)
-        ra, rb = paired_replicates(groups, auroc_rows, rng, N_BOOT)
+        ra, rb = paired_replicates(groups, AUROC, rng, N_BOOT)
         return a - b, percentile_interval(ra - rb)[0], True
     ea, eb = _auroc(mine, rng), _auroc(base, rng)
     if ea is None or eb is None:

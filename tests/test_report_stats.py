@@ -345,3 +345,24 @@ def test_rank_rows_equals_scipy_rankdata_exactly(kind):
         got = rank_rows(x)
 
         assert np.array_equal(got, rankdata(x, axis=1), equal_nan=True)
+
+
+@pytest.mark.parametrize("metric", ["auroc", "advantage", "tpr@0.1fpr", "tpr@0.02fpr", "tpr@0.5fpr"])
+@pytest.mark.parametrize("kind", ["ties", "continuous", "nan"])
+def test_statistic_on_drawn_indices_equals_it_on_drawn_values_exactly(metric, kind):
+    from bench.bootstrap import Drawn, member_stat
+
+    rng = np.random.default_rng(3)
+    stat = member_stat(metric)
+    for _ in range(60):
+        n1, n0 = int(rng.integers(1, 40)), int(rng.integers(1, 120))
+        pos, neg = (
+            (rng.integers(0, 5, n).astype(float) if kind == "ties" else rng.normal(size=n)) for n in (n1, n0)
+        )
+        if kind == "nan":
+            neg[rng.random(n0) < 0.1] = np.nan
+        i, m = rng.integers(0, n1, (17, n1)), rng.integers(0, n0, (17, n0))
+
+        got = stat.drawn(Drawn(pos, neg), i, m)
+
+        assert np.array_equal(got, stat(pos[i], neg[m]), equal_nan=True)

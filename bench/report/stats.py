@@ -13,13 +13,16 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from ..bootstrap import (
     LEVEL,
+    Drawn,
     auroc_rows,
+    draw_stat,
     hierarchical,
     member_stat,
     percentile_interval,
@@ -134,15 +137,10 @@ def membership_estimate(
         groups = []
         for sc_raw, y_raw in samples:
             sc, y = np.asarray(sc_raw, float), np.asarray(y_raw, int)
-            groups.append((sc[y == 1], sc[y == 0]))
-        if all(len(p) and len(n) for p, n in groups):
-            value = float(np.mean([stat(p[None], n[None])[0] for p, n in groups]))
-
-            def draw(g, b, rng):
-                p, n = g
-                return stat(p[rng.integers(0, len(p), (b, len(p)))], n[rng.integers(0, len(n), (b, len(n)))])
-
-            reps = _hierarchical(groups, draw, _rng("member", key, metric), n_boot)
+            groups.append(Drawn(sc[y == 1], sc[y == 0]))
+        if all(len(g.pos) and len(g.neg) for g in groups):
+            value = float(np.mean([stat(g.pos[None], g.neg[None])[0] for g in groups]))
+            reps = _hierarchical(groups, partial(draw_stat, stat), _rng("member", key, metric), n_boot)
             lo, hi = _pct(reps)
             return Estimate(
                 value, lo, hi, len(recs), f"bootstrap over {'seeds x ' if len(recs) > 1 else ''}candidates", reps
