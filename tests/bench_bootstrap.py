@@ -1,0 +1,58 @@
+"""Benchmark: the leaderboard's bootstrap statistics on draws given as indices against the same on drawn values.
+
+    BENCH_THREADS=1 nice -n 10 python -m pytest -n 0 tests/bench_bootstrap.py --benchmark-only -q -s
+
+One sample of 250 members and 250 non-members (a default cell's global view) and 1,000 bootstrap draws (the
+leaderboard's N_BOOT). Each round times, back to back on the same draws: AUROC and TPR at 5% FPR computed on
+the drawn values (rank / sort every replicate row: the former path, ``bench.bootstrap.auroc_rows`` and
+``tpr_at_fpr_rows``) and from the draws' counts over one sort (``bench.bootstrap.Drawn``), which the
+leaderboard uses; both give the same numbers bit for bit (asserted here and in tests/test_report_stats.py).
+Times are the calling thread's CPU time (``time.thread_time``), as in tests/bench_signals.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import pytest
+
+from bench.bootstrap import Drawn, member_stat
+from tests.benchlib import one_thread  # noqa: F401 - the fixture
+
+ROUNDS = 7
+N, B = 250, 1000
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/benchlib.py
+
+
+@pytest.mark.benchmark(group="bootstrap")
+@pytest.mark.parametrize("metric", ["auroc", "tpr@0.05fpr"])
+def test_bench_statistic_on_draw_counts_over_drawn_values(benchmark, metric):
+    rng = np.random.default_rng(0)
+    pos, neg = rng.normal(0.5, 1.0, N), rng.normal(0.0, 1.0, N)
+    stat = member_stat(metric)
+    assert stat is not None
+    times: dict[str, list[float]] = {"values": [], "counts": []}
+    out: dict[str, np.ndarray] = {}
+
+    def one_round():
+        i, m = rng.integers(0, N, (B, N)), rng.integers(0, N, (B, N))
+        for key, fn in (
+            ("values", lambda: stat(pos[i], neg[m])),
+            ("counts", lambda: stat.drawn(Drawn(pos, neg), i, m)),
+        ):
+            t = time.thread_time()
+            out[key] = fn()
+            times[key].append(time.thread_time() - t)
+        assert np.array_equal(out["values"], out["counts"])
+
+    benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    med = {k: statistics.median(v[1:]) for k, v in times.items()}
+    ratio = med["values"] / med["counts"]
+    benchmark.extra_info.update({f"{k}_s": v for k, v in med.items()}, speedup=ratio)
+    print(
+        f"\n{metric} over {B} draws of {N} + {N}: drawn values {med['values'] * 1e3:.1f} ms, draw counts "
+        f"{med['counts'] * 1e3:.1f} ms: {ratio:.1f}x"
+    )
