@@ -151,6 +151,11 @@ def draw_stat(stat: Stat, sample: Drawn, b: int, rng: np.random.Generator) -> np
     """``stat`` on ``b`` bootstrap draws of ``sample``'s members and non-members (members drawn first)."""
     i = rng.integers(0, len(sample.pos), (b, len(sample.pos)))
     m = rng.integers(0, len(sample.neg), (b, len(sample.neg)))
+    return on_draws(stat, sample, i, m)
+
+
+def on_draws(stat: Stat, sample: Drawn, i: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``stat`` on the draws ``i`` (members) and ``m`` (non-members) of ``sample``: from counts where it can."""
     return stat.drawn(sample, i, m) if isinstance(stat, MemberStat) else stat(sample.pos[i], sample.neg[m])
 
 
@@ -259,9 +264,7 @@ def paired_replicates(
         a, b = pair
         i = r.integers(0, len(a.pos), (n, len(a.pos)))
         m = r.integers(0, len(a.neg), (n, len(a.neg)))
-        if isinstance(stat, MemberStat):
-            return stat.drawn(a, i, m), stat.drawn(b, i, m)
-        return stat(a.pos[i], a.neg[m]), stat(b.pos[i], b.neg[m])
+        return on_draws(stat, a, i, m), on_draws(stat, b, i, m)
 
     return paired_hierarchical(samples, draw, rng, n_boot)
 
