@@ -484,6 +484,7 @@ def probe_observations(task: Task, defense: Defense, seed: int) -> tuple[list[Ob
                     num_samples=1,
                     mode=cast(FLMode, fl.mode),
                     batchnorm_stats=fl.batchnorm_stats,
+                    optimizer=fl.optimizer,
                 ),
                 seed=seed,
             )
@@ -550,7 +551,7 @@ def run_reconstruction(
         want = np.array([int(t[1]) for t in targets])
         per["label_correct"] = (got == want).astype(float).tolist()
         metrics["label_acc"] = mean_ci(per["label_correct"], seed=seed)
-    failed = [o.details.get("failed") for o in outs if o.details.get("failed")]
+    notes = [o.details[k] for o in outs for k in ("failed", "note") if o.details.get(k)]
     from .figures import save_grid  # lazy: matplotlib (start-up)
 
     grid = save_grid(t01, r01, artifact_dir / "grid.png", title=f"{task.id} / {attack.name}", scores=per["ssim"])
@@ -560,5 +561,5 @@ def run_reconstruction(
         "primary": "ssim",
         "per_candidate": per_target(per, ids),  # rows pair on target ids (bench.report.targets)
         "artifacts": {"grid": grid},
-        "attack_notes": sorted(set(failed)),
+        "attack_notes": sorted(set(notes)),
     }

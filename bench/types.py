@@ -281,6 +281,7 @@ class Public:
     num_samples: int | None = None
     mode: FLMode | None = None
     batchnorm_stats: str | None = None  # FLConfig.batchnorm_stats of the intercepted update (None: "batch")
+    optimizer: str | None = None  # FLConfig.optimizer of the intercepted client (None: not stated)
 
 
 @dataclass(frozen=True)

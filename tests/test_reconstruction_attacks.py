@@ -7,6 +7,7 @@ scikit-image's on de-normalised images.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -25,6 +26,7 @@ from attacks.inverting_gradients import (
     infer_labels,
     total_variation,
     total_variation_grad,
+    update_direction,
 )
 from bench.registry import ATTACKS
 from bench.types import ImageSpec, Message, NotApplicable, Observation, Public, TaskAPI, ViTSpec
@@ -401,3 +403,26 @@ def test_adaptive_mask_zeros_undoes_flrsp_against_inversion():
     naive, adaptive = (InvertingGradients(iterations=100, mask_zeros=m).run(obs) for m in (False, True))
     assert adaptive.details["mask_zeros"] and not naive.details["mask_zeros"]
     assert ssim(adaptive.images[0], x) > ssim(naive.images[0], x) + 0.1
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_a_one_step_adam_weights_message_holds_only_the_gradients_signs_and_the_record_says_so(optimizer):
+    """One step of a fresh Adam moves each weight by ~lr * sign(g) (module doc): the update direction is the sign
+    vector, and the attack notes it; a plain-SGD update is the gradient itself and gets no note."""
+    model, x, grads, api = _bn_observations()
+    glob = {n: p.detach().clone() for n, p in model.named_parameters()}
+    client = copy.deepcopy(model)
+    opt = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[optimizer](client.parameters(), lr=0.01)
+    for p, n in zip(client.parameters(), glob):
+        p.grad = grads[n].clone()
+    opt.step()
+    weights = {n: p.detach().clone() for n, p in zip(glob, client.parameters())}
+    obs = observe(model, weights, api, kind="weights", global_state=glob, lr=0.01, local_steps=1, optimizer=optimizer)
+
+    direction, _ = update_direction(obs)
+    rec = InvertingGradients(iterations=1).run(obs)
+
+    d, g = (torch.cat([t[n].flatten() for n in glob]) for t in (direction, grads))
+    want = g.sign() if optimizer == "adam" else g
+    assert torch.nn.functional.cosine_similarity(d, want, dim=0) > 0.999
+    assert ("sign(gradient)" in rec.details.get("note", "")) == (optimizer == "adam")
