@@ -1,7 +1,9 @@
 """Resampling for membership scores, pure numpy/scipy (the harness's positive control and the reporting both use
 it): vectorised AUROC and TPR at a fixed FPR, the hierarchical bootstrap (seeds, then candidates within each
 drawn seed; Efron & Tibshirani 1993, ch. 6), and its paired form, where two rows scored on the same candidates
-(``per_candidate.id``) share every resampling, so their difference has the paired interval.
+(``per_candidate.id``) share every resampling, so their difference has the paired interval. Replicates are
+computed from the draws' counts over one sort of each sample (:class:`Drawn`), not by ranking every replicate:
+the same numbers, ~7x faster for AUROC (tests/bench_bootstrap.py).
 """
 
 from __future__ import annotations
