@@ -83,7 +83,7 @@ class Drawn:
 
     def __init__(self, pos: np.ndarray, neg: np.ndarray) -> None:
         self.pos, self.neg = np.asarray(pos, float), np.asarray(neg, float)
-        self.finite = not (np.isnan(self.pos).any() or np.isnan(self.neg).any())
+        self.no_nan = not (np.isnan(self.pos).any() or np.isnan(self.neg).any())
         order = np.argsort(self.neg, kind="stable")
         self.where = np.empty(len(order), dtype=np.intp)  # sorted position of each non-member
         self.where[order] = np.arange(len(order))
@@ -100,7 +100,7 @@ class Drawn:
         return c
 
     def auroc(self, i: np.ndarray, m: np.ndarray) -> np.ndarray:
-        if not self.finite:
+        if not self.no_nan:
             return auroc_rows(self.pos[i], self.neg[m])
         c = self.cumulative(m)
         twice_u = (np.take_along_axis(c, self.below[i], 1) + np.take_along_axis(c, self.upto[i], 1)).sum(1)
@@ -109,7 +109,7 @@ class Drawn:
     def tpr_at_fpr(self, i: np.ndarray, m: np.ndarray, fpr: float) -> np.ndarray:
         n0 = m.shape[1]
         allowed = int(math.floor(fpr * n0 + 1e-9))
-        if not self.finite or allowed >= n0:
+        if not self.no_nan or allowed >= n0:
             return tpr_at_fpr_rows(self.pos[i], self.neg[m], fpr)
         above = n0 - self.cumulative(m)[:, :-1]  # drawn non-members at sorted positions >= k
         k = (above >= allowed + 1).sum(1) - 1  # sorted position of the (allowed+1)-th highest drawn non-member
