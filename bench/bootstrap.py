@@ -126,13 +126,14 @@ class MemberStat:
     def __call__(self, pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
         if self.fpr is not None:
             return tpr_at_fpr_rows(pos, neg, self.fpr)
-        auc = auroc_rows(pos, neg)
-        return np.abs(auc - 0.5) / 0.5 if self.metric == "advantage" else auc
+        return self._of_auroc(auroc_rows(pos, neg))
 
     def drawn(self, sample: Drawn, i: np.ndarray, m: np.ndarray) -> np.ndarray:
         if self.fpr is not None:
             return sample.tpr_at_fpr(i, m, self.fpr)
-        auc = sample.auroc(i, m)
+        return self._of_auroc(sample.auroc(i, m))
+
+    def _of_auroc(self, auc: np.ndarray) -> np.ndarray:
         return np.abs(auc - 0.5) / 0.5 if self.metric == "advantage" else auc
 
 
