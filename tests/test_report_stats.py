@@ -356,9 +356,7 @@ def test_statistic_on_drawn_indices_equals_it_on_drawn_values_exactly(metric, ki
     stat = member_stat(metric)
     for _ in range(60):
         n1, n0 = int(rng.integers(1, 40)), int(rng.integers(1, 120))
-        pos, neg = (
-            (rng.integers(0, 5, n).astype(float) if kind == "ties" else rng.normal(size=n)) for n in (n1, n0)
-        )
+        pos, neg = ((rng.integers(0, 5, n).astype(float) if kind == "ties" else rng.normal(size=n)) for n in (n1, n0))
         if kind == "nan":
             neg[rng.random(n0) < 0.1] = np.nan
         i, m = rng.integers(0, n1, (17, n1)), rng.integers(0, n0, (17, n0))
