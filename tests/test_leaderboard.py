@@ -419,6 +419,44 @@ def test_fedrand_claim_verdict_follows_the_intervals_utility_power_and_control(t
     assert vlm[0]["verdict"] == "not measured"
 
 
+def _fedavg_at_chance_in_the_global_view():
+    return [
+        rec(scenario="llm-text", task="llm-text", defense="fedavg", attack="max_renyi", strength=0.0, seed=s)
+        for s in range(2)
+    ]
+
+
+@pytest.mark.parametrize(
+    "kw, verdict",
+    [
+        (dict(fedrand_strength=0.0, fedrand_loss=3.05), "holds"),  # the client view's own control passes
+        (dict(fedrand_strength=0.0, fedrand_loss=4.0), "contradicted"),  # the utility clause is never gated
+    ],
+)
+def test_a_control_failing_in_another_view_does_not_gate_a_claim_on_this_one(tmp_path, kw, verdict):
+    # arrange: FedAvg at chance in the global view (that view's control fails), leaking in the client view
+    res = write(tmp_path, _fedrand_records(**kw) + _fedavg_at_chance_in_the_global_view())
+
+    # act
+    row = next(c for c in _paper_rows(res) if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text")
+
+    # assert
+    assert res.control_text("smoke", "llm-text").startswith("failed: global_model")
+    assert row["verdict"] == verdict, row["evidence"]
+
+
+def test_a_failed_control_in_the_claims_view_leaves_its_leakage_clause_inconclusive_but_not_its_utility(tmp_path):
+    # arrange: the base model leaks as much as FedAvg (the client view's control fails); FedRand's utility is 33% worse
+    res = write(tmp_path, _fedrand_records(fedrand_strength=0.0, fedrand_loss=4.0, base_strength=2.0))
+
+    # act
+    row = next(c for c in _paper_rows(res) if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text")
+
+    # assert: the leakage clause says why it is undecided; the utility loss still contradicts the claim
+    assert "positive control in client_model FAILED" in row["evidence"] and "-> inconclusive" in row["evidence"]
+    assert row["verdict"] == "contradicted" and "worse" in row["evidence"]
+
+
 def test_a_claim_row_says_whether_its_scenario_is_the_papers_setting_or_an_extension(tmp_path):
     # arrange: FedRand's paper evaluated VLMs only; the suite also checks the claim on text LLMs
     res = write(tmp_path, _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.05))
@@ -465,9 +503,16 @@ def test_a_membership_claim_is_rechecked_with_the_strongest_attack_side_by_side(
     }
 
 
-def _claim_records(*, composed=5.0, ref_accuracy=0.6, num_classes=None, recon_attack="april"):
+def _claim_records(*, composed=5.0, ref_accuracy=0.6, num_classes=None, recon_attack="april", ldm_base=0.0):
     recs = [
-        rec(scenario=sc, task=sc, defense="base", attack="loss_mia", strength=0.0, seed=s)
+        rec(
+            scenario=sc,
+            task=sc,
+            defense="base",
+            attack="loss_mia",
+            strength=ldm_base if sc == "ldm-t2i" else 0.0,
+            seed=s,
+        )
         for sc in ("ldm-t2i", "llm-text")
         for s in range(3)
     ]
@@ -532,6 +577,19 @@ def test_smp_lora_and_dp_fedlora_and_flrsp_claims(tmp_path):
     # the fid_effnetlite0 key is found (the utility clause is not dropped); the oracle ASR is never used
     assert "fid_effnetlite0" in got[("papers/004", "ldm-t2i")]["evidence"]
     assert "asr_aux not measured" in got[("papers/004", "ldm-t2i")]["evidence"]
+
+
+def test_smp_lora_near_chance_says_nothing_where_the_baseline_does_not_leak_either(tmp_path):
+    # arrange: the base model scores like LoRA, so LoRA's released-model control fails
+    res = write(tmp_path, _claim_records(ldm_base=2.5))
+
+    # act
+    got = {(c["paper"].split()[0], c["scenario"]): c for c in _paper_rows(res)}[("papers/004", "ldm-t2i")]
+
+    # assert: neither "leaks less than LoRA" nor "near 0.5" holds; the utility clause is still decided
+    assert got["verdict"] == "inconclusive", got["evidence"]
+    assert "(near 0.5 = within 0.1); the baseline's positive control in released_model FAILED" in got["evidence"]
+    assert "smp_lora" in got["evidence"] and "vs mp_lora" in got["evidence"] and "-> holds" in got["evidence"]
 
 
 def test_the_flrsp_claim_covers_the_papers_attack_of_each_architecture_only(tmp_path):

@@ -7,10 +7,13 @@ difference of leakage (AUROC's distance from 0.5, or SSIM) on shared candidates 
 powered for the claimed effect (minimum detectable effect, MDE = 2.8 x SE, at most the claimed effect) and the
 interval excludes it; otherwise ``inconclusive`` (MDE above the claimed effect: both are printed). A utility
 clause holds within its stated tolerance and is contradicted beyond it; a row whose utility collapsed never
-holds. Verdict of a claim per scenario and preset: ``not measured`` (no records for its cells);
-``inconclusive`` if the task's undefended baseline fails its positive control (``bench.controls``) or any
-clause is inconclusive and none contradicted; ``contradicted`` if any clause is; ``holds`` if all do; a DP
-claim whose composed epsilon exceeds ``MEANINGFUL_EPSILON`` only ``holds only nominally``.
+holds. A leakage clause measured in a view where the undefended baseline fails its positive control
+(``bench.controls``: membership per task and view, reconstruction per attack) is ``inconclusive`` whatever its
+interval says: a baseline that does not leak there leaves nothing to stop. The control gates the clauses of its
+own view only, never a utility clause (a utility loss is measured whether or not anything leaks). Verdict of a
+claim per scenario and preset: ``not measured`` (no records for its cells); ``contradicted`` if any clause is;
+``inconclusive`` if any clause is and none contradicted; ``holds`` if all do; a DP claim whose composed epsilon
+exceeds ``MEANINGFUL_EPSILON`` only ``holds only nominally``.
 
 A membership claim is checked twice, side by side ([RMIA] issue): with the attacks of its paper (``paper:``
 rows) and with the strongest attack the suite has, reference-model membership inference (``strongest:`` rows,
@@ -34,6 +37,7 @@ from .clauses import (
     NOT_MEASURED,
     SMP_LORA_EFFECT,
     _cells,
+    control_failure,
     leakage_comparisons,
     main_utility,
     utility_name,
@@ -92,13 +96,11 @@ def _passes(c: dict) -> list[tuple[str, tuple[str, ...]]]:
     return [("paper: " + ", ".join(c["attacks"]), c["attacks"]), ("strongest: " + ", ".join(STRONGEST), STRONGEST)]
 
 
-def verdict(clauses: list[dict], *, control_failed: str = "") -> str:
+def verdict(clauses: list[dict]) -> str:
     """The claim's verdict from its clauses (module docstring)."""
     measured = [c for c in clauses if c["verdict"] != NOT_MEASURED]
     if not measured:
         return NOT_MEASURED
-    if control_failed:
-        return INCONC
     vs = {c["verdict"] for c in measured}
     if CONTRA in vs:
         return CONTRA
@@ -122,16 +124,8 @@ def evaluate(res: Results) -> list[dict]:
                     clauses, note = [], f"could not evaluate: {type(e).__name__}: {e}"
                 else:
                     note = ""
-                tasks = sorted({t for cl in clauses for t in cl.get("tasks", ())})
-                failed = [
-                    f"{t}: {res.control_text(preset, t)}"
-                    for t in tasks
-                    if res.control_text(preset, t).startswith("failed")
-                ]
-                v = verdict(clauses, control_failed="; ".join(failed))
+                v = verdict(clauses)
                 evidence = "; ".join(x["text"] for x in clauses) or note or "no records of the cells this claim needs"
-                if failed and v == INCONC:
-                    evidence = "baseline fails its positive control (" + "; ".join(failed) + "). " + evidence
                 effects = [cl for cl in clauses if "effect" in cl]
                 out.append(
                     {
@@ -287,7 +281,14 @@ def _near_chance(res: Results, task: str, alabel: str, view: str, recs: list[dic
     dist = abs(e.value - 0.5)
     far = e.has_ci() and min(abs(e.lo - 0.5), abs(e.hi - 0.5)) > NEAR_CHANCE and not e.lo <= 0.5 <= e.hi
     v = HOLDS if dist <= NEAR_CHANCE else (CONTRA if far else INCONC)
-    return {"verdict": v, "tasks": (task,), "text": f"{head} {e.fmt()} (near 0.5 = within {NEAR_CHANCE}) -> {v}"}
+    gate = ""
+    if v == HOLDS and (why := control_failure(res, recs[0]["preset"], task, view)) is not None:
+        v, gate = INCONC, f"; {why}"  # near chance where the baseline does not leak either shows nothing
+    return {
+        "verdict": v,
+        "tasks": (task,),
+        "text": f"{head} {e.fmt()} (near 0.5 = within {NEAR_CHANCE}){gate} -> {v}",
+    }
 
 
 @claim(

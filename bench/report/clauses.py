@@ -136,6 +136,14 @@ def leakage_clause(d: Estimate | None, effect: float) -> tuple[str, float]:
     return (CONTRA if d.lo > -effect else INCONC), m
 
 
+def control_failure(res: Results, preset: str, task: str, view: str) -> str | None:
+    """Why a leakage clause in ``view`` cannot be decided: the undefended baseline's positive control
+    (``bench.controls``) fails in that view, so a difference there says nothing about the defense; None if it
+    passes or was not checked. A control that fails in another view of the task does not gate this one."""
+    c = res.view_control(preset, task, view)
+    return None if c is None or c.passed else f"the baseline's positive control in {view} FAILED: {c.reason}"
+
+
 def _cells(res: Results, scenario: str, preset: str, defense: str, **kw) -> dict[tuple, list[dict]]:
     out: dict[tuple, list[dict]] = {}
     for r in res.select(scenario=scenario, preset=preset, defense=defense, **kw):
@@ -188,6 +196,9 @@ def leakage_comparisons(
                     else f"FAILED: {c.reason}"
                 )
                 gate = f"; {ref}'s reconstruction control {why} -> {v}"
+        elif (failed := control_failure(res, preset, task, view)) is not None:
+            v = INCONC if v in (HOLDS, CONTRA) else v
+            gate = f"; {failed} -> {v}"
         out.append(
             {
                 "verdict": v,

@@ -115,6 +115,10 @@ class Results:
                 self._controls.setdefault((c.preset, c.task), []).append(c)
         return self._controls
 
+    def view_control(self, preset: str, task: str, view: str) -> Control | None:
+        """The membership positive control of the task's undefended baseline in ``view``, None when unchecked."""
+        return next((c for c in self.controls().get((preset, task), []) if c.view == view), None)
+
     def recon_control(self, preset: str, task: str, attack_label: str, baseline: str, view: str) -> Control | None:
         """The reconstruction control (``bench.controls``) of that baseline's cell, None when it has no ok record."""
         return self._recon().get((preset, task, attack_label, baseline, view))
