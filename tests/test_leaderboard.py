@@ -457,6 +457,41 @@ def test_a_failed_control_in_the_claims_view_leaves_its_leakage_clause_inconclus
     assert row["verdict"] == "contradicted" and "worse" in row["evidence"]
 
 
+@pytest.mark.parametrize(
+    "losses, verdict, word",
+    [
+        ((3.05, None), "inconclusive", "undecided (1 seed(s) shared"),  # one seed: no interval, nothing decided
+        ((3.03, 3.2), "inconclusive", "undecided (loss"),  # the interval straddles the 5% tolerance
+        ((3.03, 3.04), "holds", "comparable (loss"),
+        ((3.5, 3.5), "contradicted", "worse (loss"),
+    ],
+)
+def test_a_utility_clause_is_decided_on_a_seed_paired_interval(tmp_path, losses, verdict, word):
+    # arrange: FedRand leaks less than FedAvg (the leakage clause holds); its test loss per seed as given
+    recs = [r for r in _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.0) if r["defense"] != "fedrand"]
+    for s, loss in enumerate(losses):
+        if loss is not None:
+            recs.append(
+                rec(
+                    scenario="llm-text",
+                    task="llm-text",
+                    defense="fedrand",
+                    attack="max_renyi",
+                    view="client_model",
+                    strength=0.0,
+                    seed=s,
+                    utility={"test_loss": loss + 0.01 * s, "perplexity": math.exp(loss)},
+                )
+            )
+    res = write(tmp_path, recs)
+
+    # act
+    row = next(c for c in _paper_rows(res) if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text")
+
+    # assert
+    assert row["verdict"] == verdict and word in row["evidence"], row["evidence"]
+
+
 def test_a_claim_row_says_whether_its_scenario_is_the_papers_setting_or_an_extension(tmp_path):
     # arrange: FedRand's paper evaluated VLMs only; the suite also checks the claim on text LLMs
     res = write(tmp_path, _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.05))
@@ -532,38 +567,42 @@ def _claim_records(*, composed=5.0, ref_accuracy=0.6, num_classes=None, recon_at
             )
     for d, st, loss in (("fedavg", 2.5, 3.0), ("dp_fedlora", 0.1, 3.3)):
         priv = {"epsilon": 2.0, "epsilon_composed": composed, "delta": 1e-5, "note": ""} if d == "dp_fedlora" else None
-        recs.append(
-            rec(
-                scenario="llm-text",
-                task="llm-text",
-                defense=d,
-                attack="loss_mia",
-                strength=st,
-                utility={"test_loss": loss},
-                privacy=priv,
+        for s in range(2):  # a utility clause is decided on an interval over seeds
+            recs.append(
+                rec(
+                    scenario="llm-text",
+                    task="llm-text",
+                    defense=d,
+                    attack="loss_mia",
+                    strength=st,
+                    seed=s,
+                    utility={"test_loss": loss + 0.01 * s},
+                    privacy=priv,
+                )
             )
-        )
     extra = {"num_classes": num_classes} if num_classes else {}
     for d, lab, ssim, acc in (
         ("fedsgd", "fedsgd", [0.9, 0.8, 0.85, 0.95], ref_accuracy),
         ("flrsp", "flrsp(R=0.8,form=fedsgd)", [0.1, 0.05, 0.12, 0.08], ref_accuracy - 0.02),
     ):
-        recs.append(
-            rec(
-                scenario="image-cls",
-                task="image-cls/vit",
-                defense=d,
-                label=lab,
-                params={"R": 0.8, "form": "fedsgd"} if d == "flrsp" else {},
-                attack=recon_attack,
-                kind="reconstruction",
-                view="client_update",
-                ssim=ssim,
-                utility={"accuracy": acc, **extra},
-                targets=[f"t:{i}" for i in range(len(ssim))],
+        for s in range(2):
+            recs.append(
+                rec(
+                    scenario="image-cls",
+                    task="image-cls/vit",
+                    defense=d,
+                    label=lab,
+                    params={"R": 0.8, "form": "fedsgd"} if d == "flrsp" else {},
+                    attack=recon_attack,
+                    kind="reconstruction",
+                    view="client_update",
+                    seed=s,
+                    ssim=ssim,
+                    utility={"accuracy": acc + 0.001 * s, **extra},
+                    targets=[f"t:{i}" for i in range(len(ssim))],
+                )
             )
-        )
-        recs[-1]["per_candidate"]["variants"]["ssim_random"] = [0.01, 0.02, 0.0, 0.01]  # the negative control
+            recs[-1]["per_candidate"]["variants"]["ssim_random"] = [0.01, 0.02, 0.0, 0.01]  # the negative control
     return recs
 
 

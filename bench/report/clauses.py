@@ -1,7 +1,8 @@
 """The clauses of a claim and their verdicts (``holds`` / ``contradicted`` / ``inconclusive`` / ``not
 measured``): a leakage clause from a paired difference and the claimed effect (with the minimum detectable effect),
-a utility clause from a stated tolerance, with utility collapse (perplexity above 10x the reference's, accuracy at
-chance) never holding. See ``bench.report.claims`` for how clauses make a claim's verdict."""
+a utility clause from a stated tolerance and a seed-paired interval of the utility loss, with utility collapse
+(perplexity above 10x the reference's, accuracy at chance) never holding. See ``bench.report.claims`` for how
+clauses make a claim's verdict."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from .paired import difference, mde
 from .ranking import CHANCE_MARGIN
 from .ranking import PERPLEXITY_FACTOR as PERPLEXITY_COLLAPSE
 from .results import Results
-from .stats import Estimate
+from .stats import Estimate, seed_estimate
 
 # "comparable utility": tolerated loss, absolute for accuracy-like metrics in [0, 1], else relative
 TOLERANCE = {
@@ -55,19 +56,29 @@ def main_utility(res: Results, recs: list[dict]) -> str:
     )
 
 
-def _worse(mine: Estimate, ref: Estimate, key: str) -> float:
-    return (mine.value - ref.value) if utility_name(key) in LOWER else (ref.value - mine.value)
+def _value(r: dict, key: str) -> float | None:
+    raw = (r.get("utility") or {}).get(key)
+    if raw is None:
+        return None
+    try:
+        v = float(raw)  # a non-finite utility is stored as its string ("inf")
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
 
 
-def utility_loss(mine: Estimate, ref: Estimate, key: str) -> float:
-    """How much worse ``mine`` is than ``ref`` (positive = worse), in the tolerance's units."""
-    kind, _ = TOLERANCE.get(utility_name(key) or key, ("rel", 0.05))
-    w = _worse(mine, ref, key)
-    return w if kind == "abs" else w / max(abs(ref.value), 1e-12)
-
-
-def relative_loss(mine: Estimate, ref: Estimate, key: str) -> float:
-    return _worse(mine, ref, key) / max(abs(ref.value), 1e-12)
+def utility_loss(recs: list[dict], ref_recs: list[dict], key: str, *, relative: bool) -> Estimate | None:
+    """How much worse ``recs`` is than ``ref_recs`` (positive = worse), paired by seed: the mean over the seeds
+    both ran of each seed's loss (absolute, or relative to the reference's value), with a Student-t interval
+    over those seeds (utility has one value per training run, so seeds are its only replication)."""
+    lower = utility_name(key) in LOWER
+    mine = {r["seed"]: v for r in recs if (v := _value(r, key)) is not None}
+    ref = {r["seed"]: v for r in ref_recs if (v := _value(r, key)) is not None}
+    losses = []
+    for s in sorted(set(mine) & set(ref)):
+        w = (mine[s] - ref[s]) if lower else (ref[s] - mine[s])
+        losses.append(w / max(abs(ref[s]), 1e-12) if relative else w)
+    return seed_estimate(x for x in losses if math.isfinite(x))
 
 
 def _chance(recs: list[dict]) -> float:
@@ -109,16 +120,27 @@ def utility_clause(res: Results, recs: list[dict], ref_recs: list[dict], rule: s
             "text": f"{key} {ua.value:.3g} vs {ref} {ub.value:.3g}: {why}",
         }
     if rule == "modest":
-        loss, tol, unit = relative_loss(ua, ub, key), MODEST, " (relative, modest)"
+        relative, tol, unit = True, MODEST, " (relative, modest)"
     else:
         kind, tol = TOLERANCE.get(utility_name(key) or key, ("rel", 0.05))
-        loss, unit = utility_loss(ua, ub, key), "" if kind == "abs" else " (relative)"
-    ok = loss <= tol
+        relative, unit = kind != "abs", "" if kind == "abs" else " (relative)"
+    loss = utility_loss(recs, ref_recs, key, relative=relative)
+    head = f"{key} {ua.value:.3g} vs {ref} {ub.value:.3g}: "
+    if loss is None or not loss.has_ci():
+        n = 0 if loss is None else loss.n_seeds
+        return {
+            "verdict": INCONC,
+            "tasks": tasks,
+            "text": head + f"undecided ({n} seed(s) shared: a utility loss needs an interval over >= 2 seeds, "
+            f"tolerance {tol})",
+        }
+    v = HOLDS if loss.hi <= tol else (CONTRA if loss.lo > tol else INCONC)
+    word = {HOLDS: "comparable", CONTRA: "worse", INCONC: "undecided"}[v]
     return {
-        "verdict": HOLDS if ok else CONTRA,
+        "verdict": v,
         "tasks": tasks,
-        "text": f"{key} {ua.value:.3g} vs {ref} {ub.value:.3g}: {'comparable' if ok else 'worse'} "
-        f"(loss {loss:+.3f}{unit}, tolerance {tol})",
+        "text": head + f"{word} (loss {loss.value:+.3f} [{loss.lo:+.3f}, {loss.hi:+.3f}]{unit} over "
+        f"{loss.n_seeds} paired seeds, tolerance {tol})",
     }
 
 
