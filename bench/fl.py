@@ -148,15 +148,34 @@ def local_train(
     return steps
 
 
+# FedSGD's batch order per (client, epoch) is seeded by the run's seed too: before it was, every seed of a FedSGD
+# run trained the same model. Seed 0 keeps the order it had, and with it its cached runs (``seeded_fedsgd``).
+BATCH_SEED_STRIDE = 1_000_003
+
+
+def run_mode(fl: FLConfig, defense: Defense) -> str:
+    """The protocol a training run of ``defense`` uses: ``fedavg`` or ``fedsgd`` (a central run trains as fedavg)."""
+    return "fedavg" if defense.setting == "central" else (defense.fl_mode() or fl.mode)
+
+
+def seeded_fedsgd(fl: FLConfig, defense: Defense, seed: int) -> bool:
+    """Whether this run's FedSGD batches depend on its seed where they once did not (a later key marks it)."""
+    return run_mode(fl, defense) == "fedsgd" and seed != 0
+
+
 def batch_gradient(state: ClientState, ctx: RoundCtx, *, names: Sequence[str] | None = None) -> dict[str, Tensor]:
-    """FedSGD: the gradient of the task loss on this round's batch of the client's data."""
+    """FedSGD: the gradient of the task loss on this round's batch of the client's data (each epoch a permutation
+    seeded by the client, the epoch and the run's seed)."""
     names = list(names or ctx.shared_names)
     data = state.data
     n = n_items(data)
     bs = min(ctx.fl.batch_size, n)
     nb = max(1, math.ceil(n / bs))
     epoch, b = divmod(ctx.round, nb)
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(1000 * state.client + epoch))
+    seed = ctx.run.seed if ctx.run is not None else 0
+    perm = torch.randperm(
+        n, generator=torch.Generator().manual_seed(1000 * state.client + epoch + BATCH_SEED_STRIDE * seed)
+    )
     batch = ctx.task.collate([data[int(i)] for i in perm[b * bs : (b + 1) * bs]])
     model = train_mode(state.model, ctx.fl)
     params = trainable(model, names)

@@ -33,7 +33,7 @@ from torch.utils.data import Dataset
 
 from . import cachefile
 from .checkpoint import Checkpoint, path_for
-from .fl import TrainResult, client_model_state, run_federated, split_clients
+from .fl import TrainResult, client_model_state, run_federated, seeded_fedsgd, split_clients
 from .signal_cache import fingerprint
 from .store import stable_hash
 from .task import Task
@@ -215,6 +215,8 @@ def reference_spec(task: Task, defense: Defense, seed: int, r: int) -> RefSpec:
     }
     if alpha is not None:  # only then: IID reference runs keep their cache keys
         desc["split"] = f"dirichlet({alpha})"
+    if seeded_fedsgd(task.fl, defense, ref_seed(seed, r)):  # bench.fl.batch_gradient: the batches changed
+        desc["fedsgd_batches"] = "seeded"
     labels = population_labels(task, positions) if alpha is not None else None
     return RefSpec(stable_hash(desc), items, labels, n_train)
 

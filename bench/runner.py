@@ -23,6 +23,7 @@ from .accounting import privacy_record
 from .audit import audit_delta, record_bound
 from .cells import PROBE_PROTOCOL, RANDOM_IMAGE_CONTROL, probe_observations, run_membership, run_reconstruction
 from .device import autocast, precision_of
+from .fl import run_mode, seeded_fedsgd
 from .one_run_audit import record_bound as one_run_record
 from .params import check_privacy
 from .progress import REPORT_S, progress_bar, unit_progress
@@ -74,6 +75,11 @@ class Cell:
         if self.attack.kind == "reconstruction":  # records from before the random-image control or the probe are redone
             out["negative_control"] = RANDOM_IMAGE_CONTROL
             out["probe"] = PROBE_PROTOCOL
+        if self.defense is not None and (
+            seeded_fedsgd(self.task.fl, self.defense, self.seed)
+            or (getattr(self.attack, "uses_reference", False) and run_mode(self.task.fl, self.defense) == "fedsgd")
+        ):  # its training (or its reference runs') changed batches: bench.fl.batch_gradient
+            out["fedsgd_batches"] = "seeded"
         return out
 
     def skeleton(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ Schema (``schema_version`` 1), documented in README.md "Result records":
   per_candidate {score, member, variants {score name: [scores]} for every score but the primary, id, label} (membership;
   reconstruction: {id, score (the ``primary`` metric, ssim), variants {metric: [values per target], ssim_random (the
   negative control)}}, no member), negative_control and probe (reconstruction),
+  fedsgd_batches ("seeded": FedSGD batches follow the run seed),
   utility {name: value},
   privacy {epsilon, epsilon_composed, delta, sample_rate, note, epsilon_lower_bound {value, confidence, delta,
   attack, ...} (membership: the empirical audit, bench/audit.py), epsilon_one_run_lower_bound {value, pairs, ...}

@@ -19,7 +19,7 @@ from torch import nn
 
 from . import cachefile
 from .checkpoint import Checkpoint, path_for
-from .fl import TrainResult, client_model_state, load_state, run_federated
+from .fl import TrainResult, client_model_state, load_state, run_federated, seeded_fedsgd
 from .store import stable_hash
 from .task import Task
 from .types import Defense, params_of
@@ -42,16 +42,17 @@ def label(method) -> str:
 
 
 def train_key(task: Task, defense: Defense, seed: int) -> str:
-    return stable_hash(
-        {
-            "task": task.id,
-            "preset": task.preset,
-            "config": task.config_hash(),
-            "defense": defense.name,
-            "params": params_of(defense),
-            "seed": seed,
-        }
-    )
+    desc: dict[str, Any] = {
+        "task": task.id,
+        "preset": task.preset,
+        "config": task.config_hash(),
+        "defense": defense.name,
+        "params": params_of(defense),
+        "seed": seed,
+    }
+    if seeded_fedsgd(task.fl, defense, seed):  # only then: runs whose batches did not change keep their keys
+        desc["fedsgd_batches"] = "seeded"
+    return stable_hash(desc)
 
 
 def target_client(train: TrainResult, *, seed: int | None = None, num_clients: int | None = None) -> int:

@@ -75,3 +75,24 @@ def test_the_default_schedule_keeps_earlier_config_hashes():
     # the value before lr_schedule existed (records and caches are keyed by it)
     assert config_hash("t", "smoke", FLConfig(), {"a": 1}) == "543b17deb92cf736"
     assert config_hash("t", "smoke", FLConfig(lr_schedule="cosine"), {"a": 1}) != "543b17deb92cf736"
+
+
+def test_the_run_seed_reaches_fedsgd_training_and_seed_0_keeps_its_batches_and_cache_key():
+    # arrange: the toy task's model starts from the same weights for every seed (like a pretrained one)
+    from bench.fl import run_federated
+    from bench.store import stable_hash
+    from bench.training import train_key
+    from defenses.fedsgd import FedSGD
+    from tests.toy import toy_task
+
+    task, defense = toy_task(rounds=3), FedSGD()
+
+    # act
+    states = {s: run_federated(task, defense, s)[1].global_state for s in (0, 1, 2)}
+
+    # assert: every seed trains its own model (once, all three were the same)
+    for a, b in ((0, 1), (1, 2)):
+        assert any(not torch.equal(states[a][k], states[b][k]) for k in states[a]), (a, b)
+    legacy = {"task": task.id, "preset": task.preset, "config": task.config_hash(), "defense": "fedsgd"}
+    assert train_key(task, defense, 0) == stable_hash({**legacy, "params": {}, "seed": 0})
+    assert train_key(task, defense, 1) != stable_hash({**legacy, "params": {}, "seed": 1})

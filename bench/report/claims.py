@@ -6,7 +6,8 @@ difference of leakage (AUROC's distance from 0.5, or SSIM) on shared candidates 
 95% interval lies below 0; ``contradicted`` when it lies above 0 (the opposite direction), or when the test is
 powered for the claimed effect (minimum detectable effect, MDE = 2.8 x SE, at most the claimed effect) and the
 interval excludes it; otherwise ``inconclusive`` (MDE above the claimed effect: both are printed). A utility
-clause holds within its stated tolerance and is contradicted beyond it; a row whose utility collapsed never
+clause holds when the seed-paired interval of the utility loss lies within its stated tolerance and is
+contradicted when it lies beyond it (``bench.report.clauses.utility_loss``); a row whose utility collapsed never
 holds. A leakage clause measured in a view where the undefended baseline fails its positive control
 (``bench.controls``: membership per task and view, reconstruction per attack) is ``inconclusive`` whatever its
 interval says: a baseline that does not leak there leaves nothing to stop. The control gates the clauses of its
