@@ -275,6 +275,21 @@ def test_leaderboard_is_byte_identical_from_the_same_records(tmp_path):
     assert "Cross-matrix" in md and "Distribution-shift check" in md and "client exploded" not in md.split("Failed")[0]
 
 
+def test_the_cells_table_shows_what_an_attack_said_about_its_run(tmp_path):
+    from bench.report.tables import cells_table
+
+    # arrange
+    noted = rec(defense="fedavg", seed=0)
+    noted["attack_notes"] = ["client optimiser adam: the update is ~lr x sign(g)", "second"]
+    res = write(tmp_path, [noted, rec(defense="fedavg", seed=1)])
+
+    # act
+    df = cells_table(res, "sc")
+
+    # assert
+    assert df.attack_notes.tolist() == ["client optimiser adam: the update is ~lr x sign(g); second", ""]
+
+
 def test_plots_cover_roc_tradeoff_ssim_communication_and_epsilon(tmp_path):
     from defenses.dp_gaussian import DPGaussian
 
