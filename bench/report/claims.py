@@ -32,7 +32,6 @@ from .clauses import (
     FEDRAND_EFFECT,
     HOLDS,
     INCONC,
-    LOWER,
     MEANINGFUL_EPSILON,
     NEAR_CHANCE,
     NOT_MEASURED,
@@ -41,10 +40,9 @@ from .clauses import (
     control_failure,
     leakage_comparisons,
     main_utility,
-    utility_name,
+    utility_loss,
 )
 from .results import Results
-from .stats import differs
 
 COLUMNS = ["paper", "claim", "scenario", "setting", "preset", "attacks", "verdict", "effect", "mde", "evidence"]
 PAPERS_OWN = "the paper's"  # ``setting`` of a scenario of the kind the paper evaluated
@@ -323,21 +321,24 @@ def smp_lora_claim(res: Results, scenario: str, preset: str, attacks: tuple[str,
     mp = res.select(scenario=scenario, preset=preset, defense="mp_lora")
     if smp and mp:
         uk = main_utility(res, smp)
-        lower = utility_name(uk) in LOWER
         for task in sorted({r["task"] for r in smp} & {r["task"] for r in mp}):
-            us = res.utility([r for r in smp if r["task"] == task], uk)
-            um = res.utility([r for r in mp if r["task"] == task], uk)
+            mine, ref = [r for r in smp if r["task"] == task], [r for r in mp if r["task"] == task]
+            us, um = res.utility(mine, uk), res.utility(ref, uk)
             if us is None or um is None:
                 out.append({"verdict": NOT_MEASURED, "tasks": (task,), "text": f"{task} utility {uk} not measured"})
                 continue
-            d = differs(us, um) * (1 if lower else -1)  # -1: smp_lora better, separated by the intervals
-            v = HOLDS if d == -1 else (CONTRA if d == 1 else INCONC)
+            loss = utility_loss(mine, ref, uk, relative=False)  # > 0: smp_lora worse than mp_lora, paired by seed
+            if loss is None or not loss.has_ci():
+                v, how = INCONC, " (one shared seed: no interval)"
+            else:
+                v = HOLDS if loss.hi < 0 else (CONTRA if loss.lo > 0 else INCONC)
+                d = f"{loss.value:+.3g} [{loss.lo:+.3g}, {loss.hi:+.3g}]"
+                how = f"; smp_lora's loss against mp_lora's (worse > 0) {d} over {loss.n_seeds} paired seeds"
             out.append(
                 {
                     "verdict": v,
                     "tasks": (task,),
-                    "text": f"{task} utility {uk}: smp_lora {us.fmt()} vs mp_lora {um.fmt()} -> {v}"
-                    + ("" if d else " (not separated by intervals over seeds)"),
+                    "text": f"{task} utility {uk}: smp_lora {us.fmt()} vs mp_lora {um.fmt()}{how} -> {v}",
                 }
             )
     return out

@@ -216,16 +216,3 @@ def distance_from(e: Estimate | None, ref: float) -> Estimate | None:
 def leakage(e: Estimate | None, metric: str) -> Estimate | None:
     """The quantity ranked for privacy (lower = less leakage): AUROC's distance from 0.5, else the metric."""
     return distance_from(e, 0.5) if metric == "auroc" else e
-
-
-def differs(a: Estimate | None, b: Estimate | None) -> int:
-    """-1 if ``a`` is lower than ``b`` by the intervals, +1 if higher, 0 if the intervals cannot tell."""
-    if a is None or b is None:
-        return 0
-    if a.reps is not None and b.reps is not None and len(a.reps) == len(b.reps):
-        lo, hi = _pct(a.reps - b.reps)
-    elif a.has_ci() and b.has_ci():
-        lo, hi = a.lo - b.hi, a.hi - b.lo
-    else:
-        return 0
-    return -1 if hi < 0 else (1 if lo > 0 else 0)
