@@ -290,8 +290,7 @@ def run_federated(
     gen = torch.Generator().manual_seed(seed)
     fl = task.fl
     datasets = list(task.client_data)
-    if defense.fl_mode() and defense.fl_mode() != fl.mode:
-        fl = replace(fl, mode=defense.fl_mode())
+    fl = replace(fl, mode=run_mode(fl, defense))  # a central run's other fields are set below
     if fl.mode == "fedsgd":  # same number of gradient evaluations as the FedAvg protocol
         fl = replace(fl, rounds=fl.rounds * local_steps_per_round(fl, datasets))
     if defense.setting == "central":

@@ -141,7 +141,7 @@ def plan(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seed
                         )
                         continue
                     for view in views:
-                        mode = defense.fl_mode() or task.fl.mode
+                        mode = run_mode(task.fl, defense)
                         v_na = (
                             (
                                 f"client_model needs weight messages; {defense.name} sends gradients (FedSGD), "

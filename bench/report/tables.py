@@ -238,8 +238,7 @@ def cells_table(res: Results, scenario: str) -> pd.DataFrame:
                 else:
                     row[f"{group}.{k}"] = v
         row["artifacts"] = ";".join(f"{k}={v}" for k, v in sorted((r.get("artifacts") or {}).items()))
-        notes = r.get("attack_notes") or []  # what the attack said about its own run (e.g. a sign-only update)
-        row["attack_notes"] = "; ".join([notes] if isinstance(notes, str) else notes)
+        row["attack_notes"] = "; ".join(r.get("attack_notes") or [])  # what the attack said about its own run
         rows.append(row)
     df = pd.DataFrame(rows)
     first = list(rows[0])[:10] if rows else []
