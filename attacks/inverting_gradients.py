@@ -113,6 +113,11 @@ def adaptive_client_note(obs: Observation, kind: str) -> str:
     )
 
 
+def _scenario_iterations(task: TaskSpec) -> int:
+    """The task's inversion budget for a configuration that sets none (300 where the task declares no image)."""
+    return task.image.inversion_iterations if task.image is not None else 300
+
+
 def _zero_masks(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {n: t == 0 for n, t in tensors.items()}
 
@@ -309,8 +314,11 @@ class InvertingGradients(Attack):
         ]
 
     def _iterations(self, obs: Observation) -> int:
-        image = obs.api.image
-        return self.iterations or (image.inversion_iterations if image is not None else 300)
+        return self.iterations or _scenario_iterations(obs.api)
+
+    def resolved(self, task: TaskSpec) -> dict[str, Any]:
+        """The scenario's iteration budget when ``iterations`` is None (``api.image.inversion_iterations``)."""
+        return {} if self.iterations else {"iterations": _scenario_iterations(task)}
 
     # -- preparation ------------------------------------------------------------------------
 

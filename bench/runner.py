@@ -33,6 +33,13 @@ from .task import Task
 from .training import get_training, label, train_key
 from .types import Attack, Defense, n_items, params_of
 
+# What records written before ``attack_resolved`` (schema revision 5) were made with: the scenarios' inversion
+# budgets (bench/scenarios/image_cls.py INVERSION_ITERATIONS, unchanged since 487459f and so for every record
+# carrying the current reconstruction probe, 6d18091). Cells at these values keep those records.
+LEGACY_RESOLVED: dict[tuple[str, str], dict[str, Any]] = {
+    ("inverting_gradients", preset): {"iterations": n}
+    for preset, n in (("smoke", 60), ("default", 300), ("paper", 24_000))
+}
 FEDERATED_VIEWS = ("global_model", "client_model", "client_update")
 CENTRAL_VIEWS = ("released_model",)
 
@@ -75,6 +82,10 @@ class Cell:
         if self.attack.kind == "reconstruction":  # records from before the random-image control or the probe are redone
             out["negative_control"] = RANDOM_IMAGE_CONTROL
             out["probe"] = PROBE_PROTOCOL
+        resolved = self.attack.resolved(self.task.api) if hasattr(self.attack, "resolved") else {}
+        # None (absent from the record) where the values are those every record without the field was made with
+        legacy = LEGACY_RESOLVED.get((self.attack.name, self.task.preset))
+        out["attack_resolved"] = resolved if resolved and resolved != legacy else None
         if self.defense is not None and (
             seeded_fedsgd(self.task.fl, self.defense, self.seed)
             or (getattr(self.attack, "uses_reference", False) and run_mode(self.task.fl, self.defense) == "fedsgd")
@@ -92,7 +103,8 @@ class Cell:
             "defense_label": self.defense_label,
             "attack": self.attack.name,
             "attack_label": label(self.attack),
-            **self.expected(),  # the resolved parameters a later run compares against
+            # the resolved parameters a later run compares against (a None one is absent: bench.store.Store.finished)
+            **{k: v for k, v in self.expected().items() if v is not None},
             "attack_kind": self.attack.kind,
             "view": self.view,
             "seed": self.seed,

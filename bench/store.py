@@ -8,7 +8,8 @@ Schema (``schema_version`` 1), documented in README.md "Result records":
   per_candidate {score, member, variants {score name: [scores]} for every score but the primary, id, label} (membership;
   reconstruction: {id, score (the ``primary`` metric, ssim), variants {metric: [values per target], ssim_random (the
   negative control)}}, no member), negative_control and probe (reconstruction),
-  fedsgd_batches ("seeded": FedSGD batches follow the run seed),
+  fedsgd_batches ("seeded": FedSGD batches follow the run seed), attack_resolved (revision >= 5: the values the
+  attack's configuration leaves to the task, where they differ from those of earlier records: bench.runner),
   utility {name: value},
   privacy {epsilon, epsilon_composed, delta, sample_rate, note, epsilon_lower_bound {value, confidence, delta,
   attack, ...} (membership: the empirical audit, bench/audit.py), epsilon_one_run_lower_bound {value, pairs, ...}
@@ -169,7 +170,8 @@ class Store:
 
     def finished(self, scenario: str, cell_id: str, *, expect: dict[str, Any] | None = None) -> bool:
         """A finished record of the cell; with ``expect``, one whose fields equal those values as stored (e.g. the
-        attack's resolved parameters: a changed default leaves the cell id alone but makes the record stale)."""
+        attack's resolved parameters: a changed default leaves the cell id alone but makes the record stale); an
+        expected None matches an absent field."""
         rec = self.load(self.record_path(scenario, cell_id))
         if rec is None or rec["status"] not in FINISHED:
             return False

@@ -433,6 +433,11 @@ class Attack(abc.ABC):
         """None when the attack applies to the task, else the reason; reads :class:`TaskSpec` fields only."""
         return None
 
+    def resolved(self, task: TaskSpec) -> dict[str, Any]:
+        """The values this configuration leaves to the task (fields set to None, "the scenario's") as ``task``
+        resolves them: the record keeps them, so a scenario that changes one makes its records stale."""
+        return {}
+
     @abc.abstractmethod
     def run(self, obs: Observation, candidates: Sequence[Any] | None) -> Scores | Reconstructions:
         """Membership: score every candidate. Reconstruction: rebuild the inputs behind obs.message."""

@@ -257,6 +257,35 @@ def test_reconstruction_targets_and_their_ids_do_not_depend_on_the_defense_or_se
     assert len(pc["variants"]["ssim_random"]) == len(ids) and abs(out["metrics"]["ssim_random"]["value"]) < 0.1
 
 
+def test_a_scenario_that_changes_the_inversion_budget_makes_earlier_records_stale(tmp_path):
+    # arrange: a smoke image-cls task at its own budget and the same task with another one
+    from dataclasses import replace
+
+    from attacks.inverting_gradients import InvertingGradients
+    from bench.store import Store
+    from tests.conftest import smoke_tasks
+    from tests.test_store import record
+
+    task = next(t for t in smoke_tasks("image-cls") if t.variant == "vit")
+    other = replace(task, api=replace(task.api, image=replace(task.api.image, inversion_iterations=77)))
+    ig, fixed = InvertingGradients(), InvertingGradients(iterations=60)
+    store = Store(tmp_path)
+
+    # act: the records a run at each budget writes (the expected fields are the skeleton's)
+    at_own, at_other = (Cell(t, FedAvg(), ig, "client_update", 0) for t in (task, other))
+    store.write(record(cell_id="a" * 16, **{k: v for k, v in at_own.expected().items() if v is not None}))
+    store.write(record(cell_id="b" * 16, **{k: v for k, v in at_other.expected().items() if v is not None}))
+
+    # assert: the smoke budget (60) is the one earlier records were made with, so it is not written; 77 is
+    assert at_own.expected()["attack_resolved"] is None
+    assert at_other.expected()["attack_resolved"] == {"iterations": 77} == at_other.skeleton()["attack_resolved"]
+    assert "attack_resolved" not in at_own.skeleton()
+    assert store.finished("toy", "a" * 16, expect=at_own.expected())  # an earlier record stays valid
+    assert not store.finished("toy", "a" * 16, expect=at_other.expected())  # ... until the budget changes
+    assert not store.finished("toy", "b" * 16, expect=at_own.expected())  # and back: the 77 record is stale
+    assert Cell(other, FedAvg(), fixed, "client_update", 0).expected()["attack_resolved"] is None  # set, not resolved
+
+
 class _Labelled(list):
     """A toy dataset (a list of (x, y)) that exposes its classes, as the scenarios' datasets do."""
 
