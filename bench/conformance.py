@@ -641,9 +641,10 @@ def attack_report(attack: Attack, scenario: str | None = None, *, seed: int = 0)
     if task is None:
         report.add("applies", None, f"applies to no registered smoke task ({why})")
         return report
+    report.add("applies", True, task.id)
+    _check_resolved(report, attack, task)
     attack, capped = cap_budget(attack)
     report.subject += f" on {task.id} (smoke{'; capped ' + ', '.join(capped) if capped else ''})"
-    report.add("applies", True, task.id)
     t0 = time.time()
     try:
         torch.manual_seed(seed)
@@ -658,6 +659,28 @@ def attack_report(attack: Attack, scenario: str | None = None, *, seed: int = 0)
 
 class _Bad(Exception):
     pass
+
+
+def _check_resolved(report: Report, attack: Attack, task: Task) -> None:
+    """``resolved(task)`` (bench.runner.Cell.expected keeps it in the record): plain values, keyed by fields the
+    configuration leaves at None."""
+    try:
+        res = attack.resolved(task.api) if hasattr(attack, "resolved") else {}
+    except Exception as e:  # noqa: BLE001
+        report.add("resolved", False, f"resolved() raised {type(e).__name__}: {e}")
+        return
+    fields = dataclasses.fields(attack) if dataclasses.is_dataclass(attack) else ()
+    unset = {f.name for f in fields if getattr(attack, f.name) is None}
+    bad = (
+        [f"{k}={v!r}" for k, v in res.items() if k not in unset or not isinstance(v, (int, float, str, bool))]
+        if isinstance(res, dict)
+        else [repr(res)]
+    )
+    report.add(
+        "resolved",
+        not bad,
+        f"{res or 'nothing left to the task'}" + (f"; not a None field with a plain value: {bad}" if bad else ""),
+    )
 
 
 def cap_budget(attack: Attack) -> tuple[Attack, list[str]]:

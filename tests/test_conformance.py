@@ -211,6 +211,15 @@ class BadViews(Attack):
         return Scores({"s": torch.zeros(len(candidates))})
 
 
+@dataclass
+class BadResolved(ToyLossMIA):
+    name = "bad_resolved"
+    window: int = 3
+
+    def resolved(self, task):  # a set field (window=3), so nothing is left to the task
+        return {"window": 5}
+
+
 @pytest.mark.parametrize(
     "attack, check, needle",
     [
@@ -218,6 +227,7 @@ class BadViews(Attack):
         (NaNScores(), "output", "NaN"),
         (WrongType(), "output", "expected Scores"),
         (BadViews(), "views", "the_server_database"),
+        (BadResolved(), "resolved", "not a None field"),
     ],
 )
 def test_broken_attack_is_reported(attack, check, needle):
