@@ -669,7 +669,7 @@ def _check_resolved(report: Report, attack: Attack, task: Task) -> None:
     except Exception as e:  # noqa: BLE001
         report.add("resolved", False, f"resolved() raised {type(e).__name__}: {e}")
         return
-    names = [f.name for f in dataclasses.fields(attack)] if dataclasses.is_dataclass(attack) else []
+    names: list[str] = [f.name for f in dataclasses.fields(attack)] if dataclasses.is_dataclass(attack) else []
     unset = {n for n in names if getattr(attack, n) is None}
     bad = (
         [f"{k}={v!r}" for k, v in res.items() if k not in unset or not isinstance(v, (int, float, str, bool))]
