@@ -39,6 +39,19 @@ def resolve_device(raw: str) -> str:
     return raw
 
 
+def placements(device: str, jobs: int, n_cuda: int | None = None) -> list[str]:
+    """The device of each of ``jobs`` worker slots: a bare ``cuda`` on a machine with several GPUs spreads the
+    slots over them (slot i on ``cuda:{i mod n}``, so workers share the GPUs evenly); ``cpu`` and an explicit
+    ``cuda:N`` are every slot's. ``n_cuda``: the GPU count (None: ask torch)."""
+    if device != "cuda":
+        return [device] * jobs
+    if n_cuda is None:
+        import torch
+
+        n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return [f"cuda:{i % n_cuda}" for i in range(jobs)] if n_cuda > 1 else [device] * jobs
+
+
 PRECISIONS = ("fp32", "bf16", "fp16")
 # where --precision applies: the transformer and diffusion families (image-cls always runs in fp32)
 AUTOCAST_FAMILIES = ("llm-text", "vlm-caption", "ldm-t2i")

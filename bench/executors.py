@@ -23,11 +23,12 @@ import sys
 import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
+from .device import placements
 from .progress import unit_progress
-from .runner import InlineExecutor, execute_unit  # noqa: F401 -- executors sit above the runner; InlineExecutor re-exported
+from .runner import InlineExecutor, Unit, execute_unit  # noqa: F401 -- executors sit above the runner; InlineExecutor re-exported
 
 # A worker's outcome: {"key", "kind", "status": ok|failed|n/a, "reason", "wall_s", "restart": bool, ...}
 Outcome = dict
@@ -186,6 +187,14 @@ def _init_worker(cfg: WorkerConfig, owner: int = 0, progress_queue=None) -> None
         spec.loader.exec_module(module)
 
 
+def on_slot(unit, device: str):
+    """``unit`` on its worker slot's ``device`` where the run asked for a bare ``cuda`` and the slot is pinned to
+    one GPU (:func:`bench.device.placements`); anything else unchanged (an explicit device, the CPU)."""
+    if isinstance(unit, Unit) and unit.device == "cuda" and device.startswith("cuda:"):
+        return replace(unit, device=device)
+    return unit
+
+
 def _run_in_worker(unit) -> Outcome:
     q = _PROGRESS[0]
     if q is None:
@@ -269,7 +278,7 @@ class Slot:
                     return _failed(unit, "not run: the run was stopped", t0)
                 pool = self._ensure()
                 with contextlib.suppress(BrokenProcessPool):
-                    fut = pool.submit(fn or _run_in_worker, unit)
+                    fut = pool.submit(fn or _run_in_worker, on_slot(unit, self.cfg.device))
             if fut is not None:
                 break
             self._discard(True, pool)
@@ -320,7 +329,8 @@ class LocalExecutor:
         self._stop = threading.Event()  # set by shutdown: no slot starts a worker (or a unit) after it
         self._kill = False  # once an interrupted run asked to kill, every later shutdown kills too
         self._slots: queue.Queue[Slot] = queue.Queue()
-        self._all = [Slot(cfg, context, stop=self._stop) for _ in range(jobs)]
+        # one worker per slot; with several GPUs and --device cuda each slot is pinned to one (bench.device)
+        self._all = [Slot(replace(cfg, device=d), context, stop=self._stop) for d in placements(cfg.device, jobs)]
         for s in self._all:
             self._slots.put(s)
         self._threads = cf.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="bench-slot")

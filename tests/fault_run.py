@@ -37,6 +37,11 @@ def worker_pid(unit) -> dict:
     return {"key": unit.key, "kind": unit.kind, "status": "ok", "reason": "", "pid": os.getpid()}
 
 
+def unit_device(unit) -> dict:
+    """A trivial unit whose outcome names the device it reached its worker with (tests/test_engine.py)."""
+    return {"key": unit.key, "kind": unit.kind, "status": "ok", "reason": "", "device": unit.device}
+
+
 def tqdm_then_sleep(_unit) -> None:
     """A unit that draws a (disabled) progress bar and then hangs (tests/test_engine.py: killed at its timeout)."""
     import time

@@ -327,6 +327,31 @@ def test_a_worker_that_died_idle_is_replaced_and_the_next_unit_runs():
     assert second["status"] == "ok" and second["pid"] != first["pid"], second
 
 
+def test_cuda_workers_are_spread_over_the_gpus_and_an_explicit_device_is_kept():
+    # arrange
+    from bench.device import placements
+    from bench.executors import Slot
+    from bench.runner import Unit
+    from tests.fault_run import unit_device
+
+    unit = Unit(kind="cell", key="u1", task=None, defense=None, device="cuda")
+
+    # act: the slot pinned to the second of two GPUs runs a unit of a bare --device cuda run (no GPU needed:
+    # the unit only reports the device it arrived with)
+    slot = Slot(WorkerConfig(threads=1, timeout_s=120, device="cuda:1"), report=False)
+    try:
+        out = slot.run(unit, unit_device)
+        kept = slot.run(Unit(kind="cell", key="u2", task=None, defense=None, device="cuda:0"), unit_device)
+    finally:
+        slot.close(kill=True)
+
+    # assert
+    assert placements("cuda", 5, n_cuda=2) == ["cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:0"]
+    assert placements("cuda", 2, n_cuda=1) == ["cuda", "cuda"] == placements("cuda", 2, n_cuda=0)
+    assert placements("cuda:1", 2, n_cuda=2) == ["cuda:1", "cuda:1"] and placements("cpu", 2) == ["cpu", "cpu"]
+    assert out["device"] == "cuda:1" and kept["device"] == "cuda:0", (out, kept)
+
+
 WATCHER = """
 import os, resource, sys, time
 from bench.executors import die_with_owner
