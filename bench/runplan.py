@@ -43,11 +43,15 @@ FALLBACK = {"train": 5.0, "membership": 2.0, "reconstruction": 5.0}
 
 @dataclass
 class CostModel:
-    """Seconds per training run / attack cell; learned medians keyed by (task, defense) and (task, attack, view,
-    base model or not): a base-model cell is far cheaper (e.g. rmia: its reference models are the base model)."""
+    """Seconds per training run / attack cell; learned medians keyed by (task, defense configuration) and (task,
+    attack configuration, view, base model or not): a base-model cell is far cheaper (e.g. rmia: its reference
+    models are the base model), and configurations of one method can differ by 10x (``dp_gaussian`` in its FedSGD
+    form trains 900 rounds, in its FedAvg form far fewer). A configuration without records of its own falls back
+    to its method's median over every configuration (``by_name``), then to the preset's defaults."""
 
-    train_s: dict[tuple[str, str], float] = field(default_factory=dict)
-    cell_s: dict[tuple[str, str, str, bool], float] = field(default_factory=dict)
+    train_s: dict[tuple[str, str], float] = field(default_factory=dict)  # (task, defense label)
+    cell_s: dict[tuple[str, str, str, bool], float] = field(default_factory=dict)  # (task, attack label, view, base)
+    by_name: dict[tuple, float] = field(default_factory=dict)  # the same keyed by the methods' names
     n_records: int = 0
     n_scaled: int = 0  # records made on another CPU whose costs were scaled by the speed probes (bench.machine)
     factors: tuple[float, ...] = ()  # the distinct scale factors applied (this machine's time / the record's)
@@ -58,7 +62,7 @@ class CostModel:
         by the two machines' speed probes (:func:`record_factor`)."""
         from .store import Store
 
-        train, cell = defaultdict(list), defaultdict(list)
+        train, cell, by_name = defaultdict(list), defaultdict(list), defaultdict[tuple, list](list)
         n, scaled, factors = 0, 0, set()
         if (Path(out) / "records").is_dir():
             try:
@@ -71,11 +75,13 @@ class CostModel:
                     if f != 1.0:
                         scaled += 1
                         factors.add(round(f, 2))
-                    if isinstance(cost.get("train_wall_s"), (int, float)):
-                        train[(r["task"], r["defense"])].append(f * float(cost["train_wall_s"]))
-                    if isinstance(cost.get("attack_wall_s"), (int, float)):
-                        key = (r["task"], r["attack"], r["view"], r["defense"] == "base")
-                        cell[key].append(f * float(cost["attack_wall_s"]))
+                    task, view, base = r["task"], r["view"], r["defense"] == "base"
+                    if isinstance(t := cost.get("train_wall_s"), (int, float)):
+                        train[(task, r.get("defense_label") or r["defense"])].append(f * float(t))
+                        by_name[("train", task, r["defense"])].append(f * float(t))
+                    if isinstance(a := cost.get("attack_wall_s"), (int, float)):
+                        cell[(task, r.get("attack_label") or r["attack"], view, base)].append(f * float(a))
+                        by_name[("cell", task, r["attack"], view, base)].append(f * float(a))
             except Exception as e:  # noqa: BLE001 - an estimate only: say so and use the defaults
                 sys.stderr.write(
                     f"note: cost model uses its defaults (earlier records unreadable: {type(e).__name__}: {e})\n"
@@ -84,6 +90,7 @@ class CostModel:
         return cls(
             {k: statistics.median(v) for k, v in train.items()},
             {k: statistics.median(v) for k, v in cell.items()},
+            {k: statistics.median(v) for k, v in by_name.items()},
             n,
             scaled,
             tuple(sorted(factors)),
@@ -94,10 +101,18 @@ class CostModel:
         return DEFAULT_COST_S.get(task.preset, {}).get(task.api.family, FALLBACK)
 
     def train_cost(self, task, defense) -> float:
-        return self.train_s.get((task.id, defense.name), self._default(task)["train"])
+        from .training import label
+
+        learned = self.train_s.get((task.id, label(defense)), self.by_name.get(("train", task.id, defense.name)))
+        return learned if learned is not None else self._default(task)["train"]
 
     def cell_cost(self, cell) -> float:
-        learned = self.cell_s.get((cell.task.id, cell.attack.name, cell.view, cell.defense is None))
+        from .training import label
+
+        view, base = cell.view, cell.defense is None
+        learned = self.cell_s.get((cell.task.id, label(cell.attack), view, base))
+        if learned is None:
+            learned = self.by_name.get(("cell", cell.task.id, cell.attack.name, view, base))
         if learned is not None:
             return learned
         d = self._default(cell.task)

@@ -230,7 +230,11 @@ def test_cost_model_scales_records_made_on_another_cpu_by_the_speed_probes(tmp_p
     ]
     store = Store(tmp_path)
     for i, (defense, pr) in enumerate(cases):
-        store.write(record(cell_id=f"{i:016x}", defense=defense, provenance=pr, cost={"train_wall_s": 100.0}))
+        store.write(
+            record(
+                cell_id=f"{i:016x}", defense=defense, defense_label=defense, provenance=pr, cost={"train_wall_s": 100.0}
+            )
+        )
 
     costs = CostModel.from_records(tmp_path)
     on_gpu = CostModel.from_records(tmp_path, device="cuda")
@@ -239,6 +243,39 @@ def test_cost_model_scales_records_made_on_another_cpu_by_the_speed_probes(tmp_p
     assert [costs.train_s[("toy/mlp", d)] for d, _ in cases[1:]] == [100.0] * 4
     assert (costs.n_scaled, costs.factors) == (1, (2.0,))
     assert on_gpu.train_s[("toy/mlp", "fedavg")] == 100.0 and on_gpu.n_scaled == 0
+
+
+def test_cost_model_keeps_a_methods_configurations_apart_and_falls_back_to_the_method(tmp_path):
+    # arrange: dp_gaussian in its FedSGD form trains 10x longer than in its FedAvg form
+    from types import SimpleNamespace
+
+    from attacks.inverting_gradients import InvertingGradients
+    from bench.store import Store
+    from defenses.dp_gaussian import DPGaussian
+    from tests.test_store import record
+
+    runs = [("dp_gaussian", 60.0), ("dp_gaussian", 80.0), ("dp_gaussian(form=fedsgd)", 700.0)]
+    attacks = [("inverting_gradients", 50.0), ("inverting_gradients(restarts=4)", 200.0)]
+    store = Store(tmp_path)
+    for i, (lab, wall) in enumerate(runs):
+        store.write(record(cell_id=f"{i:016x}", defense="dp_gaussian", defense_label=lab, cost={"train_wall_s": wall}))
+    for i, (lab, wall) in enumerate(attacks, start=len(runs)):
+        store.write(
+            record(cell_id=f"{i:016x}", attack="inverting_gradients", attack_label=lab, cost={"attack_wall_s": wall})
+        )
+    task = SimpleNamespace(id="toy/mlp", preset="default", api=SimpleNamespace(family="image-cls"))
+    ig = lambda **kw: SimpleNamespace(  # noqa: E731 - a cell as the cost model sees it
+        task=task, attack=InvertingGradients(**kw), view="global_model", defense=FedAvg()
+    )
+
+    # act
+    costs = CostModel.from_records(tmp_path)
+
+    # assert: each configuration its own median; one without records, every configuration's
+    assert costs.train_cost(task, DPGaussian()) == 70.0
+    assert costs.train_cost(task, DPGaussian(form="fedsgd")) == 700.0
+    assert costs.train_cost(task, DPGaussian(clip=0.5)) == 80.0  # the median of 60, 80, 700
+    assert costs.cell_cost(ig()) == 50.0 and costs.cell_cost(ig(restarts=3)) == 125.0
 
 
 def test_without_records_a_cell_costs_its_attacks_default_else_its_kinds():
