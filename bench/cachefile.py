@@ -79,6 +79,16 @@ def save(stem: Path, tensors: Mapping[str, Tensor], meta: Mapping[str, Any]) -> 
     return path
 
 
+def head(stem: Path) -> dict[str, Any] | None:
+    """The entry's parsed JSON (metadata and its tensors' SHA-256) without reading the tensors; None when absent
+    or unreadable (the loaders check the tensors)."""
+    try:
+        out = json.loads(_head(stem).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return out if isinstance(out, dict) and isinstance(out.get("meta"), dict) else None
+
+
 def _read(stem: Path) -> tuple[Entry, list[Path]]:
     """The entry's tensors and metadata; raises CacheDamaged naming the problem (and the files involved)."""
     path = _head(stem)

@@ -301,11 +301,13 @@ def recorded_tasks(
     this preset, or declaring fails (building then runs, or reports the problem). ``readonly``: damaged records
     are skipped, not quarantined (a dry run)."""
     from .runner import plan
+    from .runplan import Done
     from .specs import configured, declared
 
     if not (Path(out) / "records").is_dir():
         return None
     store = Store(out, readonly=readonly)
+    done = Done(store)
     tasks: list = []
     try:
         for n in names:  # scenario by scenario: the first unfinished cell ends the check
@@ -314,7 +316,7 @@ def recorded_tasks(
                 return None
             mine = [with_precision(d, precision) for d in decl or ()]
             cells = plan(mine, defenses, attacks, seeds)
-            if not all(c.error is None and store.finished(c.task.scenario, c.id, expect=c.expected()) for c in cells):
+            if not all(c.error is None and done(c) for c in cells):
                 return None
             tasks.extend(mine)
     except Exception:  # noqa: BLE001 - only a shortcut: building the tasks gives the authoritative error

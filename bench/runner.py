@@ -30,7 +30,7 @@ from .progress import REPORT_S, progress_bar, unit_progress
 from .run_state import resolve_delta
 from .store import Store, provenance, stable_hash, utc_stamp
 from .task import Task
-from .training import get_training, label, train_key
+from .training import get_training, identity, label, train_key
 from .types import Attack, Defense, n_items, params_of
 
 # What records written before ``attack_resolved`` (schema revision 5) were made with: the scenarios' inversion
@@ -372,6 +372,9 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
         rec.update(status="failed", reason=reason, traceback=traceback.format_exc(limit=8))
     rec["cost"] = {**_costs(train, defense), "attack_wall_s": time.time() - t1}
     rec["utility"] = dict(train.utility) if train is not None else {}
+    ident = identity(task, defense, unit.seed, out / "cache") if defense is not None else None
+    if ident is not None:  # the run the cell scored (bench.runplan.Done: a record of another run is stale)
+        rec["training"] = {"sha256": ident["sha256"]}
     rec["privacy"] = _privacy(task, defense, train)
     if rec.get("status") == "ok" and cell.attack.kind == "membership" and rec.get("per_candidate"):  # bench.audit
         delta = audit_delta(rec["privacy"].get("delta"))

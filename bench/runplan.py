@@ -13,6 +13,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # Rough seconds per unit on one worker thread, by preset and scenario family: a training run ("train"), an attack
 # cell by attack name where one was measured, else by kind ("membership", "reconstruction"). Only a fallback:
@@ -232,15 +233,44 @@ def training_cached(task, defense, seed: int, out: Path, *, readonly: bool = Fal
     return cached(task, defense, seed, Path(out) / "cache", readonly=readonly) or legacy.exists()
 
 
+class Done:
+    """Whether a cell's record is finished and current: its resolved fields as the cell expects, and a
+    membership record made from the training run now cached (``bench.training.identity``; reconstruction cells
+    attack round-0 probes, which no training changes). Caches each run's identity for one plan."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self._ids: dict[tuple, Any] = {}
+
+    def __call__(self, c) -> bool:
+        accept = None
+        if c.defense is not None and c.attack.kind == "membership":
+            ident = self._identity(c)
+            if ident is not None:
+                from .training import made_from
+
+                accept = lambda rec: made_from(rec, ident)  # noqa: E731
+        return self.store.finished(c.task.scenario, c.id, expect=c.expected(), accept=accept)
+
+    def _identity(self, c):
+        from .training import identity, train_key
+
+        key = (id(c.task), train_key(c.task, c.defense, c.seed))
+        if key not in self._ids:
+            self._ids[key] = identity(c.task, c.defense, c.seed, Path(self.store.out) / "cache")
+        return self._ids[key]
+
+
 def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
     from .training import checkpoint_path  # imported when planning (bench list stays light)
 
     f = model.factors
     span = (f"{f[0]:.2g}" if f[0] == f[-1] else f"{f[0]:.2g}-{f[-1]:.2g}") if f else ""
     pl = Plan(planned=len(cells), jobs=jobs, learned_from=model.n_records, scaled=model.n_scaled, scale_text=span)
+    done = Done(store)
     for c in cells:
         pl.applicable += c.na is None
-        if store.finished(c.task.scenario, c.id, expect=c.expected()):
+        if done(c):
             pl.done += 1
         elif c.na is not None:
             pl.na_cells.append(c)

@@ -28,7 +28,8 @@ SCHEMA_VERSION = 1
 # within a class) and privacy ``epsilon_one_run_lower_bound``. Revision 4: reconstruction ``probe`` (how the intercepted
 # updates were made, bench.cells.PROBE_PROTOCOL). Revision 5: ``attack_resolved`` (the values an attack's configuration
 # leaves to the task, e.g. the inversion budget, where they differ from those earlier records were made with).
-SCHEMA_REVISION = 5
+# Revision 6: ``training`` (the SHA-256 prefix of the cached training run the cell scored, bench.training.identity).
+SCHEMA_REVISION = 6
 STATUSES = ("ok", "n/a", "failed")
 VIEWS = ("global_model", "client_model", "client_update", "released_model")
 
@@ -113,6 +114,11 @@ class Provenance(_Open):
     started_at: Annotated[str, Field(strict=True, pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")] | None = None
 
 
+class Training(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    sha256: Annotated[str, Field(strict=True, pattern=r"^[0-9a-f]{16}$")]
+
+
 class Record(_Open):
     schema_version: Literal[1]
     schema_revision: StrictInt | None = None  # None: written before revisions were recorded
@@ -140,6 +146,7 @@ class Record(_Open):
     n_candidates: StrictInt | None = None
     attack_details: dict[str, Any] | None = None  # what the attack states about its scoring (e.g. slice token counts)
     utility: dict[str, Finite | NonFinite | None] = {}
+    training: Training | None = None  # the cached training run the cell scored (revision 6)
     privacy: Privacy = Privacy()
     cost: Cost = Cost()
     artifacts: dict[str, StrictStr] = {}

@@ -40,7 +40,7 @@ import time
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .schema import SCHEMA_REVISION, SCHEMA_VERSION, newer_writer, validate
 
@@ -168,14 +168,23 @@ class Store:
             quarantine([path], self.quarantine_dir(path.parent.name), f"invalid record: {why}")
         return None
 
-    def finished(self, scenario: str, cell_id: str, *, expect: dict[str, Any] | None = None) -> bool:
+    def finished(
+        self,
+        scenario: str,
+        cell_id: str,
+        *,
+        expect: dict[str, Any] | None = None,
+        accept: Callable[[dict], bool] | None = None,
+    ) -> bool:
         """A finished record of the cell; with ``expect``, one whose fields equal those values as stored (e.g. the
         attack's resolved parameters: a changed default leaves the cell id alone but makes the record stale); an
-        expected None matches an absent field."""
+        expected None matches an absent field. ``accept(record)``: a further test (e.g. made from the cached run)."""
         rec = self.load(self.record_path(scenario, cell_id))
         if rec is None or rec["status"] not in FINISHED:
             return False
-        return all(rec.get(k) == jsonable(v) for k, v in (expect or {}).items())
+        if not all(rec.get(k) == jsonable(v) for k, v in (expect or {}).items()):
+            return False
+        return accept is None or rec["status"] != "ok" or accept(rec)
 
     def write(self, record: dict) -> Path:
         """Write ``record`` atomically after checking it against the schema (raises RecordInvalid, writing

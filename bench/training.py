@@ -20,7 +20,7 @@ from torch import nn
 from . import cachefile
 from .checkpoint import Checkpoint, path_for
 from .fl import TrainResult, client_model_state, load_state, run_federated, seeded_fedsgd
-from .store import stable_hash
+from .store import jsonable, stable_hash
 from .task import Task
 from .types import Defense, params_of
 
@@ -108,6 +108,24 @@ def _legacy(blob: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
 def cache_stem(task: Task, defense: Defense, seed: int, cache_root: Path) -> Path:
     """``<cache_root>/train/<train_key>``: the entry's JSON is ``<stem>.json`` (bench/cachefile.py)."""
     return cache_root / "train" / train_key(task, defense, seed)
+
+
+def identity(task: Task, defense: Defense, seed: int, cache_root: Path) -> dict[str, Any] | None:
+    """The cached run's identity, which membership records carry (``training``): its tensors' SHA-256 (16 hex
+    digits) and its utility; None when it is not cached. Every cell of a (task, defense, seed) must score the
+    same run: a record made from another (a run retrained after its cache was lost) is stale."""
+    h = cachefile.head(cache_stem(task, defense, seed, cache_root))
+    if h is None or not isinstance(h.get("sha256"), str):
+        return None
+    return {"sha256": h["sha256"][:16], "utility": h["meta"].get("utility", {})}
+
+
+def made_from(record: dict[str, Any], ident: dict[str, Any]) -> bool:
+    """Whether ``record`` was made from the run ``ident`` names: by the checksum it carries, or (records from
+    before ``training``, schema revision 6) by its utility, which the cache stores exactly."""
+    if isinstance(record.get("training"), dict):
+        return record["training"].get("sha256") == ident["sha256"]
+    return record.get("utility") == jsonable(ident["utility"])
 
 
 def checkpoint_path(task: Task, defense: Defense, seed: int, cache_root: Path) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -305,3 +306,67 @@ def test_the_speed_probe_is_recorded_and_compares_a_machine_with_itself():
     assert info == machine_info() and info["probe_s"] > 0 and info["probe_version"] == PROBE_VERSION
     assert speed_factor(info) == pytest.approx(1.0, rel=1e-3)  # the probe is measured once per process
     assert speed_factor({**info, "probe_version": PROBE_VERSION + 1}) is None and speed_factor(None) is None
+
+
+def _retrain_in_cache(cache: Path) -> None:
+    """Replace the one cached training run by another (as a retraining after a lost cache makes)."""
+    from bench import cachefile
+
+    (head,) = (cache / "train").glob("*.json")
+    stem = head.with_suffix("")
+    tensors, meta = cachefile.load(stem, lambda t, m: (t, m), quarantine_dir=cache / "q")
+    name = next(iter(tensors))
+    tensors = {**tensors, name: tensors[name] + 1.0}
+    meta["utility"] = {k: v + 0.01 for k, v in meta["utility"].items()}
+    cachefile.save(stem, tensors, meta)
+
+
+def test_records_made_from_a_run_no_longer_cached_are_redone_and_flagged(tmp_path):
+    # arrange: a finished matrix; one membership record stripped of ``training`` (as before revision 6)
+    task, defenses, attacks = toy_task(), [FedAvg()], [ToyLossMIA(), ToyMeanRecon()]
+    run([task], defenses, attacks, [0], tmp_path)
+    (head,) = (tmp_path / "cache" / "train").glob("*.json")
+    first = json.loads(head.read_text())["sha256"][:16]
+    made = {(r["attack"], r["view"]): r.get("training") for r in records(tmp_path) if r["defense"] == "fedavg"}
+    legacy = next(
+        p
+        for p in (tmp_path / "records").glob("*/*.json")
+        if (json.loads(p.read_text())["defense"], json.loads(p.read_text())["view"]) == ("fedavg", "client_model")
+    )
+    rec = json.loads(legacy.read_text())
+    del rec["training"]
+    legacy.write_text(json.dumps(rec))
+    n_cells, n_membership = len(plan([task], defenses, attacks, [0])), sum(a == "toy_loss" for a, _ in made)
+
+    # act: re-run as is (the legacy record matches by its utility), then after the run is retrained
+    same = run([task], defenses, attacks, [0], tmp_path)
+    _retrain_in_cache(tmp_path / "cache")
+    redone = run([task], defenses, attacks, [0], tmp_path)
+
+    # assert: only the membership records of the replaced run are redone (the reconstruction cell attacks
+    # round-0 probes, the base model has no training); every record names the run it scored
+    assert all(t == {"sha256": first} for t in made.values())
+    assert same.counts["skipped"] == n_cells
+    assert redone.counts["ok"] == n_membership and redone.counts["skipped"] == n_cells - n_membership
+    now = json.loads(head.read_text())["sha256"][:16]
+    after = {(r["attack"], r["view"]): r.get("training") for r in records(tmp_path) if r["defense"] == "fedavg"}
+    assert now != first and after[("toy_recon", "client_update")] == {"sha256": first}
+    assert all(after[k] == {"sha256": now} for k in made if k[0] == "toy_loss")
+
+
+def test_the_leaderboard_flags_a_defense_seed_whose_membership_records_come_from_two_runs(tmp_path):
+    # arrange: one finished matrix, and the same records with one membership record from another run
+    from bench.report.results import Results
+
+    run([toy_task()], [FedAvg()], [ToyLossMIA()], [0], tmp_path)
+    recs = records(tmp_path)
+    mixed = [dict(r) for r in recs]
+    one = next(r for r in mixed if r["defense"] == "fedavg" and r["status"] == "ok")
+    one["training"] = {"sha256": "0" * 16}
+
+    # act
+    clean, flagged = Results(recs).mixed_trainings(), Results(mixed).mixed_trainings()
+
+    # assert
+    assert clean == []
+    assert flagged == [(one["preset"], one["task"], "fedavg", 0, 2)]

@@ -266,6 +266,16 @@ def control_banner(res: Results, table: pd.DataFrame) -> list[str]:
     return out
 
 
+def training_banner(res: Results, scenario: str) -> list[str]:
+    """A banner for each (task, defense, seed) whose membership records come from more than one training run."""
+    return [
+        f"> **Mixed training runs: {md_escape(task)} {md_escape(d)} seed {seed} ({md_escape(p)})**: its membership "
+        f"records were made from {n} different training runs (a run retrained after its cache was lost), so its "
+        f"rows compare different models; `python -m bench run` redoes the records of the runs no longer cached.\n"
+        for p, task, d, seed, n in res.mixed_trainings(scenario)
+    ]
+
+
 def scenario_markdown(
     res: Results,
     scenario: str,
@@ -284,7 +294,7 @@ def scenario_markdown(
     presets = ", ".join(sorted(set(table.preset))) if len(table) else ""
     n = sum(r["scenario"] == scenario for r in res.records)
     parts = [f"# Leaderboard: {md_escape(scenario)} (preset: {md_escape(presets)})", ""]
-    parts += audit_banner(table) + control_banner(res, table)
+    parts += audit_banner(table) + control_banner(res, table) + training_banner(res, scenario)
     parts += [f"Regenerated from {n} result records by `python -m bench leaderboard`. {LEGEND}", ""]
     for title, which in (("Privacy (headline) and cost", "primary"), ("Privacy (secondary metrics)", "secondary")):
         header, rows = display(table, meta, which=which)

@@ -3,6 +3,7 @@ naming constants shared by every table, and per-cell estimates (memoised)."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -141,6 +142,19 @@ class Results:
             return "not checked"
         bad = [f"{c.view}: {c.reason}" for c in cs if not c.passed]
         return "failed: " + "; ".join(bad) if bad else "passed"
+
+    def mixed_trainings(self, scenario: str | None = None) -> list[tuple[str, str, str, int, int]]:
+        """(preset, task, defense label, seed, runs) where the membership records of one (task, defense, seed)
+        were made from more than one training run (their ``training`` checksum, or their utility before it): the
+        rows then compare different models. ``bench run`` redoes the records of a run no longer cached."""
+        runs: dict[tuple[str, str, str, int], set[str]] = {}
+        for r in self.select(scenario=scenario, kind="membership"):
+            if r["defense"] == "base":
+                continue
+            t = r.get("training")
+            ident = f"sha256:{t['sha256']}" if isinstance(t, dict) else json.dumps(r.get("utility"), sort_keys=True)
+            runs.setdefault((r["preset"], r["task"], r["defense_label"], r["seed"]), set()).add(ident)
+        return [(*k, len(v)) for k, v in sorted(runs.items()) if len(v) > 1]
 
     @classmethod
     def load(cls, out: str | Path) -> Results:
