@@ -52,6 +52,18 @@ def placements(device: str, jobs: int, n_cuda: int | None = None) -> list[str]:
     return [f"cuda:{i % n_cuda}" for i in range(jobs)] if n_cuda > 1 else [device] * jobs
 
 
+def gpu_memory_mb(device: str) -> int | None:
+    """Total memory (MiB) of the GPU ``device`` (``cuda`` = the current one); None for the CPU or without CUDA."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
+    return int(torch.cuda.get_device_properties(index).total_memory // 2**20)
+
+
 PRECISIONS = ("fp32", "bf16", "fp16")
 # where --precision applies: the transformer and diffusion families (image-cls always runs in fp32)
 AUTOCAST_FAMILIES = ("llm-text", "vlm-caption", "ldm-t2i")

@@ -24,9 +24,9 @@ import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any, Callable, cast
 
-from .device import placements
+from .device import gpu_memory_mb, placements
 from .progress import unit_progress
 from .runner import InlineExecutor, Unit, execute_unit  # noqa: F401 -- executors sit above the runner; InlineExecutor re-exported
 
@@ -319,6 +319,43 @@ def _failed(unit, reason: str, t0: float) -> Outcome:
     }
 
 
+class SlotPool:
+    """The free worker slots. A unit that declares its GPU memory (``Unit.gpu_mem_mb``) takes a free slot whose
+    GPU has that much of its capacity not reserved by the declared units running there (a unit larger than the GPU
+    runs only on an idle one), and waits for one otherwise; undeclared units and CPU slots take the first free
+    slot, as a plain queue would. ``capacity(device)``: a GPU's memory in MiB (None: not budgeted)."""
+
+    def __init__(self, slots: list, capacity: Callable[[str], int | None] = gpu_memory_mb):
+        self._free = list(slots)
+        self._capacity = functools.lru_cache(maxsize=None)(capacity)
+        self._reserved: dict[str, int] = {}
+        self._cond = threading.Condition()
+
+    def _fits(self, device: str, need: int) -> bool:
+        cap = self._capacity(device) if device.startswith("cuda") else None
+        used = self._reserved.get(device, 0)
+        return cap is None or used == 0 or used + need <= cap
+
+    def take(self, need: int | None = None):
+        """A free slot for a unit needing ``need`` MiB (reserved until :meth:`give`); blocks until there is one."""
+        with self._cond:
+            while True:
+                for i, slot in enumerate(self._free):
+                    if not need or self._fits(slot.cfg.device, need):
+                        self._free.pop(i)
+                        if need:
+                            self._reserved[slot.cfg.device] = self._reserved.get(slot.cfg.device, 0) + need
+                        return slot
+                self._cond.wait()
+
+    def give(self, slot, need: int | None = None) -> None:
+        with self._cond:
+            if need:
+                self._reserved[slot.cfg.device] -= need
+            self._free.append(slot)
+            self._cond.notify_all()
+
+
 class LocalExecutor:
     """``jobs`` worker processes on this machine; a thread per slot waits on its worker (and its budget)."""
 
@@ -328,19 +365,19 @@ class LocalExecutor:
         self.jobs = jobs
         self._stop = threading.Event()  # set by shutdown: no slot starts a worker (or a unit) after it
         self._kill = False  # once an interrupted run asked to kill, every later shutdown kills too
-        self._slots: queue.Queue[Slot] = queue.Queue()
-        # one worker per slot; with several GPUs and --device cuda each slot is pinned to one (bench.device)
+        # one worker per slot; with several GPUs and --device cuda each slot is pinned to one (bench.device);
+        # units that declare their GPU memory share a GPU within its capacity
         self._all = [Slot(replace(cfg, device=d), context, stop=self._stop) for d in placements(cfg.device, jobs)]
-        for s in self._all:
-            self._slots.put(s)
+        self._slots = SlotPool(self._all)
         self._threads = cf.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="bench-slot")
 
     def _run(self, unit) -> Outcome:
-        slot = self._slots.get()
+        need = getattr(unit, "gpu_mem_mb", None)
+        slot = self._slots.take(need)
         try:
             return slot.run(unit)
         finally:
-            self._slots.put(slot)
+            self._slots.give(slot, need)
 
     def submit(self, unit) -> cf.Future:
         return self._threads.submit(self._run, unit)
@@ -408,6 +445,7 @@ class RayExecutor:
             ray.init(**kw)
         total = ray.cluster_resources().get("CPU", 1)
         self.jobs = max(1, int(total // max(1, cfg.threads)))
+        self._num_gpus = num_gpus
         self._remote = ray.remote(_ray_task).options(
             num_cpus=cfg.threads,
             num_gpus=num_gpus,
@@ -417,8 +455,17 @@ class RayExecutor:
         self._lock = threading.Lock()
         self._refs: set = set()  # the tasks submitted and not yet done (``shutdown(kill=True)`` cancels them)
 
+    def gpu_share(self, unit) -> float | None:
+        """The fraction of a GPU a unit asks Ray for: its declared memory over a GPU's (this machine's first;
+        Ray packs fractional GPUs), None to keep the whole-GPU default (undeclared, CPU runs, no local GPU)."""
+        need = getattr(unit, "gpu_mem_mb", None)
+        cap = gpu_memory_mb("cuda") if need and self._num_gpus else None
+        return min(1.0, round(need / cap, 4)) if need and cap else None
+
     def submit(self, unit) -> cf.Future:
-        ref = self._remote.remote(unit, self.cfg)
+        share = self.gpu_share(unit)
+        remote = self._remote if share is None else self._remote.options(num_gpus=share)
+        ref = remote.remote(unit, self.cfg)
         with self._lock:
             self._refs.add(ref)
         fut = ref.future()

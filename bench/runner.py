@@ -215,6 +215,11 @@ class Unit:
     device: str = "cpu"  # where the worker builds models (bench.device; resolved by the CLI)
     registered: tuple[str, str] = ("", "")  # registry names of the defense / attack classes (see execute_unit)
     ref_index: int = -1  # a reference unit's reference run (bench.reference)
+    gpu_mem_mb: int | None = None  # GPU memory the unit needs (its task's declaration; bench.executors.SlotPool)
+
+    def __post_init__(self) -> None:
+        if self.gpu_mem_mb is None:
+            self.gpu_mem_mb = getattr(self.task, "gpu_mem_mb", None)
 
     def portable(self) -> Unit:
         t = self.task

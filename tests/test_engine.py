@@ -352,6 +352,86 @@ def test_cuda_workers_are_spread_over_the_gpus_and_an_explicit_device_is_kept():
     assert out["device"] == "cuda:1" and kept["device"] == "cuda:0", (out, kept)
 
 
+def _slots(*devices):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(cfg=SimpleNamespace(device=d), name=f"{d}#{i}") for i, d in enumerate(devices)]
+
+
+def _take_later(pool, need):
+    """``pool.take(need)`` in a thread: (the thread, a list that receives the slot)."""
+    import threading
+
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(pool.take(need)), daemon=True)
+    t.start()
+    t.join(0.3)
+    return t, got
+
+
+def test_units_that_declare_gpu_memory_share_a_gpu_within_its_capacity():
+    # arrange: two 10,000 MiB GPUs with two worker slots each (no GPU needed: the capacity is given)
+    from bench.executors import SlotPool
+
+    pool = SlotPool(_slots("cuda:0", "cuda:0", "cuda:1", "cuda:1"), capacity=lambda d: 10_000)
+
+    # act
+    a = pool.take(6_000)
+    b = pool.take(6_000)  # does not fit beside a: the other GPU
+    waiting, got = _take_later(pool, 6_000)  # fits on neither GPU: waits
+    small = pool.take(4_000)  # fits beside a 6,000 MiB unit
+    blocked = waiting.is_alive()
+    pool.give(a, 6_000)
+    waiting.join(5)
+
+    # assert
+    assert a.cfg.device != b.cfg.device and small.cfg.device in ("cuda:0", "cuda:1")
+    assert blocked and got and got[0].cfg.device == a.cfg.device
+
+
+def test_undeclared_and_oversized_units_and_cpu_slots():
+    # arrange
+    from bench.executors import SlotPool
+
+    gpu = SlotPool(_slots("cuda", "cuda"), capacity=lambda d: 10_000)
+    cpu = SlotPool(_slots("cpu", "cpu"), capacity=lambda d: 1)
+
+    # act: a unit larger than the GPU runs alone; undeclared units take any free slot; CPU slots are not budgeted
+    big = gpu.take(12_000)
+    waiting, got = _take_later(gpu, 1_000)
+    blocked = waiting.is_alive()
+    free = gpu.take(None)
+    gpu.give(big, 12_000)
+    waiting.join(5)
+    both = (cpu.take(50_000), cpu.take(50_000))
+
+    # assert
+    assert blocked and got and free is not big and len({id(x) for x in both}) == 2
+
+
+def test_a_unit_carries_its_tasks_gpu_memory_and_ray_asks_for_that_share_of_a_gpu(monkeypatch):
+    # arrange
+    from types import SimpleNamespace
+
+    import bench.executors as ex
+    from bench.runner import Unit
+    from bench.scenarios.ldm_t2i import SPECS
+
+    unit = Unit(kind="cell", key="u", task=SimpleNamespace(gpu_mem_mb=10_000), defense=None, device="cuda")
+    ray = object.__new__(ex.RayExecutor)
+    monkeypatch.setattr(ex, "gpu_memory_mb", lambda d: 40_000)
+
+    # act
+    ray._num_gpus = 1.0
+    share, undeclared = ray.gpu_share(unit), ray.gpu_share(Unit(kind="cell", key="v", task=None, defense=None))
+    ray._num_gpus = 0.0
+    on_cpu = ray.gpu_share(unit)
+
+    # assert: [SMP-LoRA] Appendix E reports ~10,000 MiB for SMP-LoRA on the paper preset
+    assert unit.gpu_mem_mb == 10_000 and SPECS["paper"].gpu_mem_mb == 10_000 and SPECS["default"].gpu_mem_mb is None
+    assert share == 0.25 and undeclared is None and on_cpu is None
+
+
 WATCHER = """
 import os, resource, sys, time
 from bench.executors import die_with_owner

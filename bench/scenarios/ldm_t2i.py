@@ -68,6 +68,7 @@ class Spec:
     model_seed: int = 0
     notes: dict = field(default_factory=dict)
     model_label: str = ""  # task.config["model"]["model"] (a cache-key label; paper: the hub id instead)
+    gpu_mem_mb: int | None = None  # Task.gpu_mem_mb: what one unit needs on a GPU (None: undeclared)
 
 
 SPECS: dict[str, Spec] = {
@@ -152,7 +153,9 @@ SPECS: dict[str, Spec] = {
         model_label="small LDM pre-trained from scratch on public Fashion-MNIST",
     ),
     # [SMP-LoRA] Table 4 (Pokemon) and Table 5.
+    # [SMP-LoRA] Appendix E (A100): on Pokemon, LoRA takes ~8,000 MiB of GPU memory and SMP-LoRA ~10,000 MiB.
     "paper": Spec(
+        gpu_mem_mb=10_000,
         model=ldm.LDMConfig(image_size=512, text="clip", text_dim=768, text_len=77, lora_r=64, lora_alpha=32.0),
         n_aux_m=200,
         n_te_m=200,
@@ -443,6 +446,7 @@ def _assemble(
         config=config,
         eval_subsets=eval_subsets,
         population=Items(population) if population else None,
+        gpu_mem_mb=p.gpu_mem_mb,
     )
 
 
