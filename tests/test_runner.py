@@ -364,9 +364,16 @@ def test_the_leaderboard_flags_a_defense_seed_whose_membership_records_come_from
     one = next(r for r in mixed if r["defense"] == "fedavg" and r["status"] == "ok")
     one["training"] = {"sha256": "0" * 16}
 
+    i = next(i for i, r in enumerate(recs) if r["defense"] == "fedavg" and r["status"] == "ok")
+    other = {k: v for k, v in recs[i].items() if k != "training"}  # before the checksum, another run's utility
+    other["utility"] = {k: v + 0.01 for k, v in other["utility"].items()}
+    legacy = [*recs[:i], other, *recs[i + 1 :]]
+
     # act
     clean, flagged = Results(recs).mixed_trainings(), Results(mixed).mixed_trainings()
+    same_utility = Results([{k: v for k, v in r.items() if k != "training"} for r in recs[:1]] + recs[1:])
 
-    # assert
-    assert clean == []
+    # assert: a record without the checksum joins the run of its utility
+    assert clean == [] and same_utility.mixed_trainings() == []
     assert flagged == [(one["preset"], one["task"], "fedavg", 0, 2)]
+    assert Results(legacy).mixed_trainings() == flagged

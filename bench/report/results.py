@@ -147,14 +147,20 @@ class Results:
         """(preset, task, defense label, seed, runs) where the membership records of one (task, defense, seed)
         were made from more than one training run (their ``training`` checksum, or their utility before it): the
         rows then compare different models. ``bench run`` redoes the records of a run no longer cached."""
-        runs: dict[tuple[str, str, str, int], set[str]] = {}
+        runs: dict[tuple[str, str, str, int], list[tuple[str | None, str]]] = {}
         for r in self.select(scenario=scenario, kind="membership"):
-            if r["defense"] == "base":
-                continue
-            t = r.get("training")
-            ident = f"sha256:{t['sha256']}" if isinstance(t, dict) else json.dumps(r.get("utility"), sort_keys=True)
-            runs.setdefault((r["preset"], r["task"], r["defense_label"], r["seed"]), set()).add(ident)
-        return [(*k, len(v)) for k, v in sorted(runs.items()) if len(v) > 1]
+            if r["defense"] != "base":
+                t = r.get("training")
+                ident = (t["sha256"] if isinstance(t, dict) else None, json.dumps(r.get("utility"), sort_keys=True))
+                runs.setdefault((r["preset"], r["task"], r["defense_label"], r["seed"]), []).append(ident)
+        out = []
+        for k, ids in sorted(runs.items()):
+            sums = {sha for sha, _ in ids if sha is not None}
+            known = {u for sha, u in ids if sha is not None}  # a record without the checksum is the run of its utility
+            n = len(sums) + len({u for sha, u in ids if sha is None and u not in known})
+            if n > 1:
+                out.append((*k, n))
+        return out
 
     @classmethod
     def load(cls, out: str | Path) -> Results:
