@@ -27,6 +27,7 @@ from .fl import run_mode, seeded_fedsgd
 from .one_run_audit import record_bound as one_run_record
 from .params import check_privacy
 from .progress import REPORT_S, progress_bar, unit_progress
+from .reference import default_count
 from .run_state import resolve_delta
 from .store import Store, provenance, stable_hash, utc_stamp
 from .task import Task
@@ -37,8 +38,11 @@ from .types import Attack, Defense, n_items, params_of
 # budgets (bench/scenarios/image_cls.py INVERSION_ITERATIONS, unchanged since 487459f and so for every record
 # carrying the current reconstruction probe, 6d18091). Cells at these values keep those records.
 LEGACY_RESOLVED: dict[tuple[str, str], dict[str, Any]] = {
-    ("inverting_gradients", preset): {"iterations": n}
-    for preset, n in (("smoke", 60), ("default", 300), ("paper", 24_000))
+    **{
+        ("inverting_gradients", preset): {"iterations": n}
+        for preset, n in (("smoke", 60), ("default", 300), ("paper", 24_000))
+    },
+    **{("rmia", preset): {"n_reference": n} for preset, n in (("smoke", 2), ("default", 4), ("paper", 4))},
 }
 FEDERATED_VIEWS = ("global_model", "client_model", "client_update")
 CENTRAL_VIEWS = ("released_model",)
@@ -83,6 +87,8 @@ class Cell:
             out["negative_control"] = RANDOM_IMAGE_CONTROL
             out["probe"] = PROBE_PROTOCOL
         resolved = self.attack.resolved(self.task.api) if hasattr(self.attack, "resolved") else {}
+        if getattr(self.attack, "uses_reference", False) and getattr(self.attack, "n_reference", 0) is None:
+            resolved = {**resolved, "n_reference": default_count(self.task.preset)}  # R left to the preset ([RMIA])
         # None (absent from the record) where the values are those every record without the field was made with
         legacy = LEGACY_RESOLVED.get((self.attack.name, self.task.preset))
         out["attack_resolved"] = resolved if resolved and resolved != legacy else None

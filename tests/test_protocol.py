@@ -310,3 +310,21 @@ def test_membership_records_name_each_candidates_class_for_the_one_run_audit():
     want = [pool[int(i[2:])][1] if i[0] == "m" else task.nonmembers[int(i[2:])][1] for i in pc["id"]]
     assert pc["label"] == want and len(set(want)) > 1
     assert "label" not in plain
+
+
+def test_a_changed_preset_reference_count_makes_rmia_records_stale(monkeypatch):
+    # arrange: an RMIA cell that leaves R to the preset, and one that sets it
+    import bench.runner as runner
+    from attacks.rmia import RMIA
+
+    task = toy_task()
+    left, fixed = (Cell(task, FedAvg(), a, "global_model", 0) for a in (RMIA(), RMIA(n_reference=4)))
+
+    # act: the preset default as every record was made with, then changed
+    before = left.expected()["attack_resolved"]
+    monkeypatch.setattr(runner, "default_count", lambda preset: 3)
+    after = left.expected()["attack_resolved"]
+
+    # assert: absent while R is what earlier records used; recorded (so earlier records are stale) once it changes
+    assert task.preset == "smoke" and before is None
+    assert after == {"n_reference": 3} and fixed.expected()["attack_resolved"] is None
