@@ -157,6 +157,7 @@ class Plan:
     scaled: int = 0  # of them, records made on another CPU and scaled to this one (CostModel.n_scaled)
     scale_text: str = ""  # the scale factors applied, e.g. "2.4" or "1.3-2.4"
     unplannable: list[str] = field(default_factory=list)  # groups whose reference runs cannot be planned, why
+    stale: int = 0  # of the cells to run, those with a finished record that is stale (Done)
 
     def add(self, phase: str, seconds: float) -> None:
         """Count ``seconds`` of estimated work to ``phase``: "training", "reference runs" or an attack's name."""
@@ -194,7 +195,13 @@ class Plan:
         return "\n".join(
             [
                 f"plan: {self.planned} cells planned, {self.applicable} applicable "
-                f"({self.planned - self.applicable} n/a), {self.done} already done, {self.to_run} to run",
+                f"({self.planned - self.applicable} n/a), {self.done} already done, {self.to_run} to run"
+                + (
+                    f" ({self.stale} of them redo a stale record: made under an earlier protocol or budget, or from "
+                    f"a training run no longer cached)"
+                    if self.stale
+                    else ""
+                ),
                 f"      training runs: {self.trainings} used by the cells to run, {len(self.needs_training)} to train "
                 f"({self.trainings - len(self.needs_training)} cached"
                 + (f", {self.resumable} resume from a checkpoint)" if self.resumable else ")"),
@@ -277,6 +284,7 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
         else:
             pl.groups.setdefault(group_key(c), []).append(c)
             pl.add(c.attack.name, model.cell_cost(c))
+            pl.stale += store.finished(c.task.scenario, c.id)
     for key, group in pl.groups.items():
         c = group[0]
         if c.defense is None:

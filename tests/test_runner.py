@@ -341,13 +341,15 @@ def test_records_made_from_a_run_no_longer_cached_are_redone_and_flagged(tmp_pat
     # act: re-run as is (the legacy record matches by its utility), then after the run is retrained
     same = run([task], defenses, attacks, [0], tmp_path)
     _retrain_in_cache(tmp_path / "cache")
-    redone = run([task], defenses, attacks, [0], tmp_path)
+    plans: list = []
+    redone = run([task], defenses, attacks, [0], tmp_path, on_plan=plans.append)
 
     # assert: only the membership records of the replaced run are redone (the reconstruction cell attacks
     # round-0 probes, the base model has no training); every record names the run it scored
     assert all(t == {"sha256": first} for t in made.values())
     assert same.counts["skipped"] == n_cells
     assert redone.counts["ok"] == n_membership and redone.counts["skipped"] == n_cells - n_membership
+    assert plans[0].stale == n_membership and f"({n_membership} of them redo a stale record" in plans[0].render()
     now = json.loads(head.read_text())["sha256"][:16]
     after = {(r["attack"], r["view"]): r.get("training") for r in records(tmp_path) if r["defense"] == "fedavg"}
     assert now != first and after[("toy_recon", "client_update")] == {"sha256": first}
