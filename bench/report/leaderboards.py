@@ -48,6 +48,14 @@ def write_leaderboards(out: Path, dest: Path | None = None, *, notices: list[str
         print(notice, file=sys.stderr)  # noqa: T201 -- a notice to the user, on stderr
         if notices is not None:
             notices.append(notice)
+    for (task, preset), n in sorted(res.stale.items()):
+        notice = (
+            f"leaderboard: left out {n} stale records of {task} ({preset}), made under an earlier protocol or "
+            f"budget (bench.staleness); `python -m bench run` redoes them"
+        )
+        print(notice, file=sys.stderr)  # noqa: T201 -- a notice to the user, on stderr
+        if notices is not None:
+            notices.append(notice)
     written: list[Path] = []
     if not res.records:
         return written

@@ -295,7 +295,14 @@ def scenario_markdown(
     n = sum(r["scenario"] == scenario for r in res.records)
     parts = [f"# Leaderboard: {md_escape(scenario)} (preset: {md_escape(presets)})", ""]
     parts += audit_banner(table) + control_banner(res, table) + training_banner(res, scenario)
-    parts += [f"Regenerated from {n} result records by `python -m bench leaderboard`. {LEGEND}", ""]
+    left = sum(k for (task, _), k in res.stale.items() if task.split("/", 1)[0] == scenario)
+    gone = (
+        f" {left} stale records (made under an earlier protocol or budget; `python -m bench run` redoes them) "
+        f"are left out."
+        if left
+        else ""
+    )
+    parts += [f"Regenerated from {n} result records by `python -m bench leaderboard`.{gone} {LEGEND}", ""]
     for title, which in (("Privacy (headline) and cost", "primary"), ("Privacy (secondary metrics)", "secondary")):
         header, rows = display(table, meta, which=which)
         if rows and len(header) > 3:

@@ -105,6 +105,7 @@ class Results:
             ),
         )
         self._memo: dict[tuple, Estimate | None] = {}
+        self.stale: dict[tuple[str, str], int] = {}  # (task, preset) -> stale records left out (see ``load``)
         self._controls: dict[tuple[str, str], list[Control]] | None = None
         self._recon_controls: dict[tuple[str, ...], Control] | None = None
 
@@ -164,7 +165,17 @@ class Results:
 
     @classmethod
     def load(cls, out: str | Path) -> Results:
-        return cls(Store(out).records())
+        """The records of ``out`` but the stale ones (``bench.staleness``: those ``bench run`` would redo),
+        which ``stale`` keeps count of per (task, preset)."""
+        from ..staleness import check
+
+        records = list(Store(out).records())
+        found = check(records)
+        res = cls(r for r in records if f"{r['scenario']}/{r['cell_id']}" not in found.stale)
+        for r in records:
+            if f"{r['scenario']}/{r['cell_id']}" in found.stale:
+                res.stale[r["task"], r["preset"]] = res.stale.get((r["task"], r["preset"]), 0) + 1
+        return res
 
     def scenarios(self) -> list[str]:
         return sorted({r["scenario"] for r in self.records})
