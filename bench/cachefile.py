@@ -10,12 +10,13 @@ caller rebuilds it. Legacy torch pickles (``<stem>.pt``) are read with ``weights
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import torch
 from safetensors.torch import load as st_load
@@ -77,6 +78,26 @@ def save(stem: Path, tensors: Mapping[str, Tensor], meta: Mapping[str, Any]) -> 
     path = _head(stem)
     atomic_write_bytes(path, json.dumps(head, indent=1, default=_json_default).encode())
     return path
+
+
+@contextlib.contextmanager
+def building(stem: Path) -> Iterator[None]:
+    """Hold ``<stem>.lock`` exclusively (``flock``) while building the entry ``stem``: a second process (another run
+    on the same ``--out``) building the same entry waits, then finds it cached instead of training it again and
+    overwriting the first one's checkpoints. The kernel drops the lock when its holder dies (kill -9 included).
+    Where ``fcntl`` is missing (Windows) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - POSIX only
+        yield
+        return
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    with open(stem.parent / f"{stem.name}.lock", "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def head(stem: Path) -> dict[str, Any] | None:

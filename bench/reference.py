@@ -281,6 +281,9 @@ def get_reference(task: Task, defense: Defense, seed: int, r: int, cache_root: P
         hit = cachefile.load(stem, _decode, quarantine_dir=qdir)
         if hit is not None:
             return _remember(spec.key, hit)
+        with cachefile.building(stem):  # another run training it: wait, then read its entry
+            hit = cachefile.load(stem, _decode, quarantine_dir=qdir)
+            return _remember(spec.key, hit if hit is not None else _train(task, defense, seed, r, spec, stem))
     return _remember(spec.key, _train(task, defense, seed, r, spec, stem))
 
 
@@ -292,8 +295,11 @@ def train_reference(task: Task, defense: Defense, seed: int, r: int, cache_root:
     root, qdir = _cache_dirs(Path(cache_root))
     if cachefile.verify(root / spec.key, quarantine_dir=qdir):
         return False
-    _MEMO.pop(spec.key, None)
-    _train(task, defense, seed, r, spec, root / spec.key)
+    with cachefile.building(root / spec.key):  # another run training it: wait, then find it cached
+        if cachefile.verify(root / spec.key, quarantine_dir=qdir):
+            return False
+        _MEMO.pop(spec.key, None)
+        _train(task, defense, seed, r, spec, root / spec.key)
     return True
 
 

@@ -150,9 +150,17 @@ def get_training(task: Task, defense: Defense, seed: int, cache_root: Path) -> T
     A damaged cache entry is moved to ``<cache_root>/../quarantine/cache/train/`` and the run retrained."""
     stem = cache_stem(task, defense, seed, cache_root)
     qdir = _quarantine_dir(cache_root)
-    hit = cachefile.load(stem, _decode, quarantine_dir=qdir, legacy=(stem.with_name(stem.name + ".pt"), _legacy))
+    legacy = (stem.with_name(stem.name + ".pt"), _legacy)
+    hit = cachefile.load(stem, _decode, quarantine_dir=qdir, legacy=legacy)
     if hit is not None:
         return hit
+    with cachefile.building(stem):  # another run training it: wait, then read its entry
+        hit = cachefile.load(stem, _decode, quarantine_dir=qdir, legacy=legacy)
+        return hit if hit is not None else _train(task, defense, seed, stem)
+
+
+def _train(task: Task, defense: Defense, seed: int, stem: Path) -> TrainResult:
+    """Train the run now (resuming from its round checkpoint), evaluate its utility and cache it at ``stem``."""
     ckpt = Checkpoint(path_for(stem), key=stem.name)
     model, res = run_federated(task, defense, seed, desc=f"train {task.id} {label(defense)} s{seed}", checkpoint=ckpt)
     numel = sum(t.numel() for t in res.global_state.values())

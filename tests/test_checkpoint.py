@@ -168,3 +168,36 @@ def test_the_plan_counts_the_training_runs_that_resume_from_a_checkpoint(tmp_pat
     text = capsys.readouterr().out
     assert code == 0 and "1 to train (0 cached, 1 resume from a checkpoint)" in text
     assert path.read_bytes() == b"a checkpoint"  # a dry run reads, never deletes
+
+
+def test_a_second_run_training_the_same_entry_waits_and_reads_the_first_ones(tmp_path, monkeypatch):
+    # arrange: a slow training whose calls are counted, started by two threads (as two runs on one --out)
+    import threading
+    import time
+
+    import bench.training as training
+
+    task, defense, trained = toy_task(), FedAvg(), []
+    real = training._train
+
+    def slow(*args, **kwargs):
+        trained.append(threading.get_ident())
+        time.sleep(0.5)  # the second caller arrives while this one holds the entry's lock
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "_train", slow)
+    results: list = []
+    runs = [threading.Thread(target=lambda: results.append(get_training(task, defense, 0, tmp_path))) for _ in range(2)]
+
+    # act
+    for t in runs:
+        t.start()
+        time.sleep(0.1)
+    for t in runs:
+        t.join(120)
+
+    # assert: trained once; the other caller read the entry the first one wrote
+    assert len(trained) == 1 and len(results) == 2
+    a, b = results
+    assert all(torch.equal(a.global_state[k], b.global_state[k]) for k in a.global_state)
+    assert cache_stem(task, defense, 0, tmp_path).with_suffix(".json").exists()

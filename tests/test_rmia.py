@@ -132,7 +132,7 @@ def test_reference_runs_are_cached_and_reused(tmp_path):
 
     first = ref.get_reference(task, defense, 0, 0, tmp_path)
     ref._MEMO.clear()
-    files = sorted(p.name for p in (tmp_path / "reference").iterdir())
+    files = sorted(p.name for p in (tmp_path / "reference").iterdir() if p.suffix != ".lock")
     again = ref.get_reference(task, defense, 0, 0, tmp_path)
     other = ref.get_reference(task, defense, 0, 1, tmp_path)
 
