@@ -40,22 +40,19 @@ def write_leaderboards(out: Path, dest: Path | None = None, *, notices: list[str
     out = Path(out)
     dest = Path(dest) if dest else out / "leaderboards"
     res = Results.load(out)
-    for (task, preset), n in sorted(res.superseded.items()):
-        notice = (
-            f"leaderboard: ignored {n} records of {task} ({preset}) from a superseded task configuration "
-            f"(an earlier preset or data); they stay in {out / 'records'}"
-        )
+    left_out = [
+        f"leaderboard: ignored {n} records of {task} ({preset}) from a superseded task configuration "
+        f"(an earlier preset or data); they stay in {out / 'records'}"
+        for (task, preset), n in sorted(res.superseded.items())
+    ] + [
+        f"leaderboard: left out {n} stale records of {task} ({preset}), made under an earlier protocol or "
+        f"budget (bench.staleness); `python -m bench run` redoes them"
+        for (task, preset), n in sorted(res.stale.items())
+    ]
+    for notice in left_out:
         print(notice, file=sys.stderr)  # noqa: T201 -- a notice to the user, on stderr
-        if notices is not None:
-            notices.append(notice)
-    for (task, preset), n in sorted(res.stale.items()):
-        notice = (
-            f"leaderboard: left out {n} stale records of {task} ({preset}), made under an earlier protocol or "
-            f"budget (bench.staleness); `python -m bench run` redoes them"
-        )
-        print(notice, file=sys.stderr)  # noqa: T201 -- a notice to the user, on stderr
-        if notices is not None:
-            notices.append(notice)
+    if notices is not None:
+        notices.extend(left_out)
     written: list[Path] = []
     if not res.records:
         return written
