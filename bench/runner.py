@@ -244,7 +244,7 @@ class Unit:
 
 
 _TASKS: dict[tuple[str, str], Task] = {}  # per worker process: tasks rebuilt from their TaskRef
-_TRAIN_LRU: dict[str, Any] = {}  # per process: the last training result loaded (cells of a group share it)
+_TRAIN_LRU: dict[str, Any] = {}  # per process: the last training result loaded and its identity (a group shares it)
 _SHARED: dict[str, Any] = {"key": None, "probes": None}  # per process: the last group's reconstruction probes
 
 
@@ -289,7 +289,8 @@ def _training(task: Task, defense: Defense, seed: int, out: Path):
     key = f"{out.resolve()}:{train_key(task, defense, seed)}"
     if key not in _TRAIN_LRU:
         _TRAIN_LRU.clear()
-        _TRAIN_LRU[key] = get_training(task, defense, seed, out / "cache")
+        train = get_training(task, defense, seed, out / "cache")
+        _TRAIN_LRU[key] = (train, identity(task, defense, seed, out / "cache"))  # read once per group
     return _TRAIN_LRU[key]
 
 
@@ -370,7 +371,7 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
             "precision": precision_of(task),
         },
     }
-    train = _training(task, defense, unit.seed, out) if defense is not None else None
+    train, ident = _training(task, defense, unit.seed, out) if defense is not None else (None, None)
     t1 = time.time()  # the attack's time excludes loading the training run (cost.train_wall_s has it)
     restart = False
     try:
@@ -383,7 +384,6 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
         rec.update(status="failed", reason=reason, traceback=traceback.format_exc(limit=8))
     rec["cost"] = {**_costs(train, defense), "attack_wall_s": time.time() - t1}
     rec["utility"] = dict(train.utility) if train is not None else {}
-    ident = identity(task, defense, unit.seed, out / "cache") if defense is not None else None
     if ident is not None:  # the run the cell scored (bench.runplan.Done: a record of another run is stale)
         rec["training"] = {"sha256": ident["sha256"]}
     rec["privacy"] = _privacy(task, defense, train)

@@ -55,7 +55,7 @@ def check(records: Iterable[dict]) -> Staleness:
     """The finished records (``ok`` / ``n/a``) whose cell, rebuilt from the record, expects other field values."""
     from .registry import ATTACKS, DEFENSES
     from .runner import Cell
-    from .store import jsonable
+    from .store import mismatch
 
     out = Staleness()
     memo: dict = {}
@@ -83,8 +83,7 @@ def check(records: Iterable[dict]) -> Staleness:
             continue
         if r["status"] == "n/a":
             continue  # nothing measured: nothing to mix (``bench run`` keeps it too)
-        for k, v in expected.items():
-            if r.get(k) != jsonable(v):
-                out.stale[f"{r['scenario']}/{r['cell_id']}"] = f"{k}: recorded {r.get(k)!r}, expected {jsonable(v)!r}"
-                break
+        why = mismatch(r, expected)
+        if why is not None:
+            out.stale[f"{r['scenario']}/{r['cell_id']}"] = why
     return out

@@ -182,7 +182,7 @@ class Store:
         rec = self.load(self.record_path(scenario, cell_id))
         if rec is None or rec["status"] not in FINISHED:
             return False
-        if not all(rec.get(k) == jsonable(v) for k, v in (expect or {}).items()):
+        if mismatch(rec, expect or {}) is not None:
             return False
         return accept is None or rec["status"] != "ok" or accept(rec)
 
@@ -289,6 +289,15 @@ def provenance() -> dict:
         "packages": pkgs,
         "machine": machine_info(),  # the CPU and its speed probe: estimates scale records made elsewhere
     }
+
+
+def mismatch(record: dict, expect: dict[str, Any]) -> str | None:
+    """The first field of ``expect`` whose stored value ``record`` does not hold (an expected None matches an
+    absent field), as ``field: recorded ..., expected ...``; None when every one matches."""
+    for k, v in expect.items():
+        if record.get(k) != jsonable(v):
+            return f"{k}: recorded {record.get(k)!r}, expected {jsonable(v)!r}"
+    return None
 
 
 def current_config(records: list[dict]) -> tuple[list[dict], dict[tuple[str, str], int]]:
