@@ -231,6 +231,24 @@ def reference_cached(
     return cachefile.verify(root / key, quarantine_dir=None if readonly else qdir)
 
 
+def identities(task: Task, defense: Defense, seed: int, n: int, cache_root: Path) -> list[str] | None:
+    """The first ``n`` reference runs' identities, which a reference-model record carries (``training.references``):
+    each cached entry's tensor SHA-256, 16 hex digits, as ``bench.training.identity``; None when one is not cached.
+    A record scored against other reference runs (retrained after their cache was lost) is stale."""
+    root = _cache_dirs(Path(cache_root))[0]
+    heads = [cachefile.head(root / reference_spec(task, defense, seed, r).key) for r in range(n)]
+    if any(h is None or not isinstance(h.get("sha256"), str) for h in heads):
+        return None
+    return [cast(dict, h)["sha256"][:16] for h in heads]
+
+
+def made_with(record: dict[str, Any], refs: list[str]) -> bool:
+    """Whether ``record`` was scored against the reference runs ``refs`` names; a record that names none (from
+    before schema revision 7, or an attack without reference models) is not contradicted."""
+    got = record.get("training", {}).get("references") if isinstance(record.get("training"), dict) else None
+    return got is None or got == refs
+
+
 def _train(task: Task, defense: Defense, seed: int, r: int, spec: RefSpec, stem: Path | None) -> TrainResult:
     """Train reference run ``r`` now and cache it at ``stem`` (atomically; None: memory only), resuming from
     its round checkpoint (bench/checkpoint.py) when an earlier attempt left one."""

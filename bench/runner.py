@@ -27,7 +27,8 @@ from .fl import run_mode, seeded_fedsgd
 from .one_run_audit import record_bound as one_run_record
 from .params import check_privacy
 from .progress import REPORT_S, progress_bar, unit_progress
-from .reference import default_count
+from .reference import default_count, reference_count
+from .reference import identities as reference_identities
 from .run_state import resolve_delta
 from .store import Store, provenance, stable_hash, utc_stamp
 from .task import Task
@@ -386,6 +387,11 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
     rec["utility"] = dict(train.utility) if train is not None else {}
     if ident is not None:  # the run the cell scored (bench.runplan.Done: a record of another run is stale)
         rec["training"] = {"sha256": ident["sha256"]}
+        if rec.get("status") == "ok" and getattr(cell.attack, "uses_reference", False):  # and its reference runs
+            assert defense is not None  # ident names a defense's training run
+            refs = reference_identities(task, defense, unit.seed, reference_count(task, [cell.attack]), out / "cache")
+            if refs is not None:
+                rec["training"]["references"] = refs
     rec["privacy"] = _privacy(task, defense, train)
     if rec.get("status") == "ok" and cell.attack.kind == "membership" and rec.get("per_candidate"):  # bench.audit
         delta = audit_delta(rec["privacy"].get("delta"))

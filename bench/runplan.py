@@ -243,20 +243,26 @@ def training_cached(task, defense, seed: int, out: Path, *, readonly: bool = Fal
 class Done:
     """Whether a cell's record is finished and current: its resolved fields as the cell expects, and a
     membership record made from the training run now cached (``bench.training.identity``; reconstruction cells
-    attack round-0 probes, which no training changes). Caches each run's identity for one plan."""
+    attack round-0 probes, which no training changes) and, for a reference-model attack, scored against the
+    reference runs now cached (``bench.reference.identities``). Caches each run's identity for one plan."""
 
     def __init__(self, store) -> None:
         self.store = store
         self._ids: dict[tuple, Any] = {}
 
     def __call__(self, c) -> bool:
-        accept = None
+        checks: list = []
         if c.defense is not None and c.attack.kind == "membership":
+            from .reference import made_with
+            from .training import made_from
+
             ident = self._identity(c)
             if ident is not None:
-                from .training import made_from
-
-                accept = lambda rec: made_from(rec, ident)  # noqa: E731
+                checks.append(lambda rec: made_from(rec, ident))
+            refs = self._references(c) if getattr(c.attack, "uses_reference", False) else None
+            if refs is not None:
+                checks.append(lambda rec: made_with(rec, refs))
+        accept = (lambda rec: all(ok(rec) for ok in checks)) if checks else None
         return self.store.finished(c.task.scenario, c.id, expect=c.expected(), accept=accept)
 
     def _identity(self, c):
@@ -265,6 +271,19 @@ class Done:
         key = (id(c.task), train_key(c.task, c.defense, c.seed))
         if key not in self._ids:
             self._ids[key] = identity(c.task, c.defense, c.seed, Path(self.store.out) / "cache")
+        return self._ids[key]
+
+    def _references(self, c):
+        from .reference import identities, reference_count
+        from .training import train_key
+
+        n = reference_count(c.task, [c.attack])
+        key = (id(c.task), train_key(c.task, c.defense, c.seed), n)
+        if key not in self._ids:
+            try:
+                self._ids[key] = identities(c.task, c.defense, c.seed, n, Path(self.store.out) / "cache")
+            except ValueError:  # no population: the cell fails with that reason when it runs
+                self._ids[key] = None
         return self._ids[key]
 
 

@@ -29,7 +29,8 @@ SCHEMA_VERSION = 1
 # updates were made, bench.cells.PROBE_PROTOCOL). Revision 5: ``attack_resolved`` (the values an attack's configuration
 # leaves to the task, e.g. the inversion budget, where they differ from those earlier records were made with).
 # Revision 6: ``training`` (the SHA-256 prefix of the cached training run the cell scored, bench.training.identity).
-SCHEMA_REVISION = 6
+# Revision 7: ``training.references`` (those of the reference runs a reference-model attack scored against).
+SCHEMA_REVISION = 7
 STATUSES = ("ok", "n/a", "failed")
 VIEWS = ("global_model", "client_model", "client_update", "released_model")
 
@@ -117,6 +118,7 @@ class Provenance(_Open):
 class Training(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     sha256: Annotated[str, Field(strict=True, pattern=r"^[0-9a-f]{16}$")]
+    references: list[Annotated[str, Field(strict=True, pattern=r"^[0-9a-f]{16}$")]] | None = None  # revision 7
 
 
 class Record(_Open):

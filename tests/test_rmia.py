@@ -368,6 +368,36 @@ def test_reference_runs_are_units_before_their_cells_and_planned(tmp_path):
     assert knows["n_reference"] == 2 and knows["population_size"] == 256 and knows["reference_train_size"] == 96
 
 
+def test_records_name_their_reference_runs_and_are_redone_when_one_is_retrained(tmp_path):
+    # arrange: a finished RMIA matrix (training and 2 reference runs cached)
+    from bench import cachefile
+    from bench.runner import plan, run
+    from bench.store import Store
+
+    task = _population_task(rounds=1)
+    run([task], [FedAvg()], [RMIA(), LossMIA()], [0], tmp_path)
+    first = ref.identities(task, FedAvg(), 0, 2, tmp_path / "cache")
+    stem = tmp_path / "cache" / "reference" / ref.reference_spec(task, FedAvg(), 0, 1).key
+    n_rmia = sum(c.defense is not None and c.attack.name == "rmia" for c in plan([task], [FedAvg()], [RMIA()], [0]))
+
+    # act: reference run 1 replaced (as retrained after a lost cache), then the matrix re-run
+    tensors, meta = cachefile.load(stem, lambda t, m: (t, m), quarantine_dir=tmp_path / "q")
+    name = next(iter(tensors))
+    cachefile.save(stem, {**tensors, name: tensors[name] + 1.0}, meta)
+    ref._MEMO.clear()
+    plans: list = []
+    again = run([task], [FedAvg()], [RMIA(), LossMIA()], [0], tmp_path, on_plan=plans.append)
+
+    # assert: each fedavg RMIA record named both runs; only those are redone, now naming the new run 1
+    now = ref.identities(task, FedAvg(), 0, 2, tmp_path / "cache")
+    recs = [r for r in Store(tmp_path).records() if r["defense"] == "fedavg"]
+    assert first is not None and now is not None and now[0] == first[0] and now[1] != first[1]
+    assert again.counts["ok"] == n_rmia > 0 and plans[0].stale == n_rmia
+    assert all(r["training"]["references"] == now for r in recs if r["attack"] == "rmia")
+    assert all("references" not in r["training"] for r in recs if r["attack"] == "loss_mia")
+    assert ref.made_with({"training": {"sha256": "0" * 16}}, now)  # a record from before revision 7
+
+
 def test_a_failed_reference_run_fails_only_the_cells_that_need_it(tmp_path):
     from bench.runner import run
     from bench.store import Store
