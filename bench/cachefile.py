@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -85,19 +86,30 @@ def building(stem: Path) -> Iterator[None]:
     """Hold ``<stem>.lock`` exclusively (``flock``) while building the entry ``stem``: a second process (another run
     on the same ``--out``) building the same entry waits, then finds it cached instead of training it again and
     overwriting the first one's checkpoints. The kernel drops the lock when its holder dies (kill -9 included).
-    Where ``fcntl`` is missing (Windows) nothing is locked."""
+    The holder removes the file before it lets go, so none stays beside the entry; a waiter that then holds a
+    removed file's lock starts over on the path's current file. Where ``fcntl`` is missing (Windows) nothing is
+    locked."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - POSIX only
         yield
         return
     stem.parent.mkdir(parents=True, exist_ok=True)
-    with open(stem.parent / f"{stem.name}.lock", "a+b") as f:
+    path = stem.parent / f"{stem.name}.lock"
+    while True:
+        f = open(path, "a+b")  # noqa: SIM115 - held open across the yield, closed below
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                break
+        except FileNotFoundError:  # its holder removed it while this one waited
+            pass
+        f.close()
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # while still holding it: a waiter on this file starts over
+        f.close()
 
 
 def head(stem: Path) -> dict[str, Any] | None:

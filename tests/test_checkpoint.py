@@ -201,3 +201,35 @@ def test_a_second_run_training_the_same_entry_waits_and_reads_the_first_ones(tmp
     a, b = results
     assert all(torch.equal(a.global_state[k], b.global_state[k]) for k in a.global_state)
     assert cache_stem(task, defense, 0, tmp_path).with_suffix(".json").exists()
+    assert not list(tmp_path.rglob("*.lock"))  # the lock files go with their holders
+
+
+def test_the_entry_lock_admits_one_holder_at_a_time_and_leaves_no_file(tmp_path):
+    # arrange: four threads taking the same entry's lock, each noting how many hold it at once
+    import threading
+    import time
+
+    from bench import cachefile
+
+    stem, inside, most, lock = tmp_path / "entry", [0], [0], threading.Lock()
+
+    def hold():
+        with cachefile.building(stem):
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            time.sleep(0.05)
+            with lock:
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=hold) for _ in range(4)]
+
+    # act
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+    # assert
+    assert most[0] == 1 and not any(t.is_alive() for t in threads)
+    assert not (tmp_path / "entry.lock").exists()
