@@ -198,7 +198,7 @@ class Plan:
                 f"({self.planned - self.applicable} n/a), {self.done} already done, {self.to_run} to run"
                 + (
                     f" ({self.stale} of them redo a stale record: made under an earlier protocol or budget, or from "
-                    f"a training run no longer cached)"
+                    f"a training or reference run no longer cached)"
                     if self.stale
                     else ""
                 ),
