@@ -269,21 +269,25 @@ class Done:
         from .training import identity, train_key
 
         key = (id(c.task), train_key(c.task, c.defense, c.seed))
-        if key not in self._ids:
-            self._ids[key] = identity(c.task, c.defense, c.seed, Path(self.store.out) / "cache")
-        return self._ids[key]
+        return self._once(key, lambda: identity(c.task, c.defense, c.seed, Path(self.store.out) / "cache"))
 
     def _references(self, c):
         from .reference import identities, reference_count
         from .training import train_key
 
         n = reference_count(c.task, [c.attack])
-        key = (id(c.task), train_key(c.task, c.defense, c.seed), n)
-        if key not in self._ids:
+
+        def read():
             try:
-                self._ids[key] = identities(c.task, c.defense, c.seed, n, Path(self.store.out) / "cache")
+                return identities(c.task, c.defense, c.seed, n, Path(self.store.out) / "cache")
             except ValueError:  # no population: the cell fails with that reason when it runs
-                self._ids[key] = None
+                return None
+
+        return self._once((id(c.task), train_key(c.task, c.defense, c.seed), n), read)
+
+    def _once(self, key: tuple, read):
+        if key not in self._ids:
+            self._ids[key] = read()
         return self._ids[key]
 
 
