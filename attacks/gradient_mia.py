@@ -6,19 +6,21 @@ For each sample: the loss (for a diffusion model averaged over ten uniformly spa
 back-propagated once; the L2 norm of the gradient of every trainable parameter tensor (the LoRA
 matrices of an adapted model; all parameters if none is trainable) is one feature. A gradient-boosted
 tree classifier (scikit-learn's, standing in for the paper's XGBoost) is trained on aux members vs aux
-non-members; score = P(member). ``neg_grad_norm`` (minus the total gradient norm, no training needed)
-is reported beside it: members sit nearer a minimum of the loss.
+non-members; score = P(member); its out-of-fold scores on aux (5-fold) set the ``asr_aux`` threshold.
+``neg_grad_norm`` (minus the total gradient norm, no training needed) is reported beside it: members sit
+nearer a minimum of the loss.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from attacks.loss_mia import aux_sets
+from bench.metrics import held_out_scores
 from bench.params import param
 from bench.registry import register_attack
 from bench.signals import loss_timesteps, per_sample_grad_norms
@@ -78,16 +80,21 @@ class GradientMIA(Attack):
         aux_m, aux_n = aux_sets(obs, "gradient_mia")
         fa, fc = self.norms(obs, aux_m + aux_n, "aux"), self.norms(obs, items, "candidates")
         fm, fn = fa[: len(aux_m)], fa[len(aux_m) :]
-        x = np.concatenate([gradient_features(fm), gradient_features(fn)])
-        y = np.concatenate([np.ones(len(fm)), np.zeros(len(fn))])
+        xm, xn = gradient_features(fm), gradient_features(fn)
+        p = torch.from_numpy(self._fit(xm, xn, obs.seed)(gradient_features(fc)))
+        held = held_out_scores(lambda m, n: self._fit(m, n, obs.seed), xm, xn, seed=obs.seed)
+        cal = {"gsa": (torch.from_numpy(held[0]), torch.from_numpy(held[1]))} if held is not None else {}
+        return Scores({"gsa": p, "neg_grad_norm": -fc.norm(dim=1)}, primary="gsa", calibration=cal)
+
+    def _fit(self, xm: np.ndarray, xn: np.ndarray, seed: int) -> Callable[[np.ndarray], np.ndarray]:
+        """The classifier trained on aux members (1) vs aux non-members (0); returns x -> P(member)."""
         from sklearn.ensemble import GradientBoostingClassifier  # lazy (start-up)
 
         clf = GradientBoostingClassifier(
             n_estimators=self.n_estimators,
             max_depth=self.max_depth,
             learning_rate=self.learning_rate,
-            random_state=obs.seed,
+            random_state=seed,
         )
-        clf.fit(x, y)
-        p = torch.from_numpy(clf.predict_proba(gradient_features(fc))[:, 1])
-        return Scores({"gsa": p, "neg_grad_norm": -fc.norm(dim=1)}, primary="gsa")
+        clf.fit(np.concatenate([xm, xn]), np.r_[np.ones(len(xm)), np.zeros(len(xn))])
+        return lambda x: clf.predict_proba(x)[:, 1]

@@ -9,7 +9,8 @@ a learned attack model h' on the loss signal.
   output ([SMP-LoRA] App. E), trained for 100 epochs with Adam on D_aux = aux members vs aux
   non-members in member/non-member balanced batches, applied to the candidates; score = P(member).
   Its input is the per-sample loss signal (the loss, or the per-timestep loss vector), standardised
-  with the attacker's aux statistics.
+  with the attacker's aux statistics. Its out-of-fold scores on aux (5-fold, each fold's h' trained on the
+  others) set the ``asr_aux`` threshold.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bench.metrics import held_out_scores
 from bench.params import param
 from bench.registry import register_attack
 from bench.signals import loss_timesteps, per_sample_losses, seeded, single_thread
@@ -162,14 +164,13 @@ class LossMIA(Attack):
             return Scores(scores, primary="neg_loss")
         aux_m, aux_n = aux_sets(obs, "loss_mia:method=proxy")
         aux = losses(aux_m + aux_n, "aux")  # one call: the same as the harness's aux pass of the threshold
-        predict = fit_attack_mlp(
-            aux[: len(aux_m)],
-            aux[len(aux_m) :],
-            hidden=self.hidden,
-            epochs=self.epochs,
-            lr=self.lr,
-            batch_size=self.train_batch,
-            seed=obs.seed,
-        )
-        scores = {"proxy": predict(cand), **scores}
-        return Scores(scores, primary="proxy")
+        am, an = aux[: len(aux_m)], aux[len(aux_m) :]
+
+        def fit(xm: Tensor, xn: Tensor):
+            h, e, lr, b = self.hidden, self.epochs, self.lr, self.train_batch
+            return fit_attack_mlp(xm, xn, hidden=h, epochs=e, lr=lr, batch_size=b, seed=obs.seed)
+
+        scores = {"proxy": fit(am, an)(cand), **scores}
+        held = held_out_scores(fit, am, an, seed=obs.seed)  # after the fit above: its scores are unchanged
+        cal = {"proxy": (torch.from_numpy(held[0]), torch.from_numpy(held[1]))} if held is not None else {}
+        return Scores(scores, primary="proxy", calibration=cal)

@@ -8,7 +8,7 @@ ASR, e.g. a threshold set on auxiliary data, is ``asr_aux``)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -109,3 +109,30 @@ def mean_ci(values: Sequence[float], *, n_boot: int = 1000, seed: int = 0) -> di
         "ci_low": float(np.percentile(means, 2.5)),
         "ci_high": float(np.percentile(means, 97.5)),
     }
+
+
+def held_out_scores(
+    fit: Callable[[Any, Any], Callable[[Any], Any]], x_members: Any, x_nonmembers: Any, *, folds: int = 5, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Out-of-fold scores of an attack that learns from the attacker's aux data: ``fit(members, nonmembers)``
+    returns a scorer; each aux item is scored by one fitted on the other folds (scikit-learn's stratified
+    k-fold), so the ``asr_aux`` threshold is chosen on scores the classifier did not train on. None with fewer
+    than 2 aux items per side."""
+    from sklearn.model_selection import StratifiedKFold  # lazy (start-up)
+
+    n_m, n_n = len(x_members), len(x_nonmembers)
+    k = min(folds, n_m, n_n)
+    if k < 2:
+        return None
+    y = np.r_[np.ones(n_m, dtype=int), np.zeros(n_n, dtype=int)]
+    out = np.full(n_m + n_n, np.nan)
+    for train, test in StratifiedKFold(k, shuffle=True, random_state=seed).split(y, y):
+        tm, tn = train[train < n_m], train[train >= n_m] - n_m
+        score = fit(x_members[tm], x_nonmembers[tn])
+        em, en = test[test < n_m], test[test >= n_m] - n_m
+        out[em], out[n_m + en] = _flat(score(x_members[em])), _flat(score(x_nonmembers[en]))
+    return out[:n_m], out[n_m:]
+
+
+def _flat(v: Any) -> np.ndarray:
+    return np.asarray(v.detach().cpu() if hasattr(v, "detach") else v, dtype=float).reshape(-1)

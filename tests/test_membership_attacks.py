@@ -19,6 +19,7 @@ from torch import nn
 from attacks.gradient_mia import GradientMIA
 from attacks.loss_mia import LossMIA, fit_attack_mlp
 from attacks.max_renyi import MaxRenyi
+from bench.cells import best_threshold
 from bench.signals import (
     _token_rows,
     loss_timesteps,
@@ -432,6 +433,28 @@ def test_gradient_mia_positive_control_overfit_classifier(cls_setup):
     assert sc.primary == "gsa"
     assert auroc(sc.scores["gsa"], 40, 40) >= 0.8
     assert auroc(sc.scores["neg_grad_norm"], 40, 40) >= 0.8
+
+
+def test_classifier_attacks_calibrate_their_asr_threshold_on_held_out_aux_scores(cls_setup):
+    # arrange
+    s = cls_setup
+    attacks = {"proxy": LossMIA(method="proxy", epochs=30), "gsa": GradientMIA(n_estimators=50)}
+
+    def bacc(sc, t, n):  # balanced accuracy of score >= t, the first n candidates members
+        return 0.5 * ((sc[:n] >= t).double().mean() + (sc[n:] < t).double().mean()).item()
+
+    for name, attack in attacks.items():
+        # act
+        pos = attack.run(cls_obs(s["overfit"], s), s["mem"] + s["non"])
+        neg = attack.run(cls_obs(s["neither"], s), s["cand_m"] + s["cand_n"])
+
+        # assert: every aux item has a held-out score; the threshold they give works on the overfit model
+        # (positive control) and sits at chance where nothing was learned (negative control)
+        cm, cn = pos.calibration[name]
+        assert (len(cm), len(cn)) == (40, 40) and torch.isfinite(torch.cat([cm, cn])).all()
+        assert bacc(pos.scores[name], best_threshold(cm.numpy(), cn.numpy()), 40) >= 0.7, name
+        t_neg = best_threshold(*(v.numpy() for v in neg.calibration[name]))
+        assert abs(bacc(neg.scores[name], t_neg, 200) - 0.5) <= 0.1, name
 
 
 def test_loss_and_gradient_mia_negative_control_model_trained_on_neither_split(cls_setup):

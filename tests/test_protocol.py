@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from attacks.loss_mia import LossMIA
 from bench.cells import (
     PROBE_PROTOCOL,
     assign_nonmembers,
@@ -22,6 +23,7 @@ from bench.cells import (
     target_ids,
 )
 from bench.fl import run_federated
+from bench.metrics import held_out_scores
 from bench.runner import Cell, plan
 from bench.types import Public, Reconstructions, Scores
 from defenses.fedavg import FedAvg
@@ -176,13 +178,15 @@ def test_asr_threshold_comes_from_aux_data_and_the_oracle_is_named(trained):
     # act
     plain = run_membership(task, d, ToyLossMIA(), "global_model", res, 3)["metrics"]
     aux = run_membership(task, d, AuxSpy(), "global_model", res, 3)["metrics"]
+    proxy = run_membership(task, d, LossMIA(method="proxy", epochs=5), "global_model", res, 3)["metrics"]
 
     # assert: no "asr" picked on the evaluation set; asr_aux for the threshold attack; none for an attack
-    # that trained on its aux data and exposed no held-out calibration scores
+    # that trained on its aux data and exposed no held-out calibration scores; asr_aux for one that did
     assert "asr" not in plain and "asr_oracle" in plain
     assert 0 <= plain["asr_aux"]["ci_low"] <= plain["asr_aux"]["value"] <= plain["asr_aux"]["ci_high"] <= 1
     assert plain["asr_aux"]["value"] <= plain["asr_oracle"]["value"] + 1e-9
     assert "asr_aux" not in aux
+    assert 0 <= proxy["asr_aux"]["value"] <= 1  # a classifier attack's held-out aux scores set its threshold
 
 
 def test_calibration_scores_set_the_threshold():
@@ -209,6 +213,30 @@ def test_plan_runs_the_base_model_in_every_membership_view():
     task = toy_task()
     cells = plan([task], [FedAvg()], [ToyLossMIA()], [0])
     assert sorted(c.view for c in cells if c.defense is None) == ["client_model", "global_model"]
+
+
+def test_held_out_scores_score_every_aux_item_once_with_a_model_that_never_saw_it():
+    # arrange: a scorer that memorises its training items (1 if seen as a member, else 0)
+    xm, xn = np.arange(10.0), np.arange(100.0, 112.0)
+
+    def memoriser(m, n):
+        seen = set(m.tolist())
+        return lambda x: np.array([1.0 if v in seen else 0.0 for v in x])
+
+    def midpoint(m, n):
+        t = (m.mean() + n.mean()) / 2
+        return lambda x: (x < t).astype(float)
+
+    # act
+    held = held_out_scores(memoriser, xm, xn, seed=0)
+    general = held_out_scores(midpoint, xm, xn, folds=3, seed=0)
+
+    # assert: out-of-fold, memorising tells nothing (every score 0); a rule that generalises separates
+    assert held is not None and general is not None
+    assert held[0].shape == (10,) and held[1].shape == (12,)
+    assert not held[0].any() and not held[1].any()
+    assert (general[0] == 1).all() and (general[1] == 0).all()
+    assert held_out_scores(midpoint, xm[:1], xn, seed=0) is None  # one aux member: no fold split
 
 
 def test_scores_calibration_field_defaults_empty():
