@@ -11,6 +11,7 @@ import functools
 import math
 import os
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import NoReturn, overload
 
@@ -84,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--dry-run", action="store_true", help="print the plan (cells, training runs, estimated time) and exit"
+    )
+    r.add_argument(
+        "--redo-before",
+        default=None,
+        metavar="TIME",
+        help="also redo the selected cells whose records were started before TIME (ISO 8601, UTC unless it has "
+        "an offset, e.g. 2026-11-28T07:00), e.g. after changing a method's code; give the same TIME to resume",
     )
     r.add_argument("--verbose", action="store_true", help="show third-party loading output and warnings")
     ls = sub.add_parser("list", help="list scenarios, defenses, attacks, and which cells apply")
@@ -241,6 +249,7 @@ def idle_executor(jobs: int):
 def cmd_run(a) -> int:
     preset = check_preset(a.preset)
     seeds = parse_seeds(a.seeds)
+    redo = redo_time(a.redo_before)
     out = writable_dir(a.out)  # before any work: a bad --out fails now, not after training
     full = (a.grid or ("defaults" if preset == "smoke" else "full")) == "full"
     defenses = expand(DEFENSES, a.defense, full_grid=full)
@@ -256,19 +265,27 @@ def cmd_run(a) -> int:
 
     # every cell recorded already: plan over the declarations (bench.specs), no task built, no model library
     # imported; otherwise build them (may raise AssetMissing: still nothing written)
-    tasks = recorded_tasks(names, preset, precision, defenses, attacks, seeds, out, readonly=a.dry_run)
+    tasks = recorded_tasks(names, preset, precision, defenses, attacks, seeds, out, readonly=a.dry_run, redo=redo)
     recorded = tasks is not None
     if tasks is None:
         tasks = build_tasks(names, preset, precision)
 
     if a.dry_run:  # the plan only: nothing is written (a damaged record is reported, not moved), no worker started
         store, costs = Store(out, readonly=True), CostModel.from_records(out, readonly=True, device=device)
-        pl = make_plan(plan(tasks, defenses, attacks, seeds), store, costs, jobs=jobs)
+        pl = make_plan(plan(tasks, defenses, attacks, seeds), store, costs, jobs=jobs, redo_before=redo)
         print(pl.render())
         return 0
     executor = idle_executor(jobs) if recorded else make_executor(a, jobs, cfg)
     summary = run(
-        tasks, defenses, attacks, seeds, out, executor=executor, device=device, on_plan=lambda pl: print(pl.render())
+        tasks,
+        defenses,
+        attacks,
+        seeds,
+        out,
+        executor=executor,
+        device=device,
+        on_plan=lambda pl: print(pl.render()),
+        redo_before=redo,
     )
     c = summary.counts
     print(
@@ -293,13 +310,41 @@ def cmd_run(a) -> int:
     return 0
 
 
+def redo_time(raw: str | None):
+    """``--redo-before``'s time (UTC), or None; a value that is not an ISO 8601 time is a usage error."""
+    if raw is None:
+        return None
+    from .runplan import parse_time
+
+    try:
+        t = parse_time(raw)
+    except ValueError:
+        raise UsageError(
+            f"--redo-before {raw!r} is not an ISO 8601 date or time: give e.g. 2026-11-28, 2026-11-28T07:00 "
+            "(UTC) or 2026-11-28T07:00+01:00"
+        ) from None
+    now = datetime.now(timezone.utc)
+    if t > now:  # every resumed run would redo its own records again
+        raise UsageError(f"--redo-before {raw!r} is in the future (now {now:%Y-%m-%dT%H:%M:%S}Z): give a past time")
+    return t
+
+
 def recorded_tasks(
-    names: list[str], preset: str, precision: str, defenses, attacks, seeds, out: Path, *, readonly: bool = False
+    names: list[str],
+    preset: str,
+    precision: str,
+    defenses,
+    attacks,
+    seeds,
+    out: Path,
+    *,
+    readonly: bool = False,
+    redo=None,
 ) -> list | None:
     """The scenarios' declared tasks (bench.specs) when every cell they plan is finished (ok or n/a) in ``out``,
     so a fully cached re-run builds none; None when a cell is to run, a scenario declares no configuration at
     this preset, or declaring fails (building then runs, or reports the problem). ``readonly``: damaged records
-    are skipped, not quarantined (a dry run)."""
+    are skipped, not quarantined (a dry run); ``redo``: --redo-before's time."""
     from .runner import plan
     from .runplan import Done
     from .specs import configured, declared
@@ -307,7 +352,7 @@ def recorded_tasks(
     if not (Path(out) / "records").is_dir():
         return None
     store = Store(out, readonly=readonly)
-    done = Done(store)
+    done = Done(store, redo_before=redo)
     tasks: list = []
     try:
         for n in names:  # scenario by scenario: the first unfinished cell ends the check

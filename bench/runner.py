@@ -13,6 +13,7 @@ import random
 import time
 import traceback
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -419,8 +420,13 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
 
 
 def write_failed(store: Store, skeleton: dict, reason: str, *, traceback: str = "") -> None:
-    """A failed record for a cell whose worker could not write one (timeout, crash, failed training)."""
-    if store.finished(skeleton["scenario"], skeleton["cell_id"]):
+    """A failed record for a cell whose worker could not write one (timeout, crash, failed training); it replaces
+    a finished record only one older than the unit (a stale or --redo-before record), as a failure inside the
+    worker does, so the next run retries the cell."""
+    from .runplan import started
+
+    since = started(skeleton)
+    if store.finished(skeleton["scenario"], skeleton["cell_id"], accept=lambda rec: started(rec) >= since):
         return  # the worker finished it before it was stopped
     rec = {**skeleton, "status": "failed", "reason": reason, "cost": {}, "utility": {}, "privacy": {}}
     if traceback:
@@ -473,11 +479,13 @@ def run(
     estimator=None,
     on_plan=None,
     device: str = "cpu",
+    redo_before: datetime | None = None,
 ) -> RunSummary:
     """Run every unfinished cell of the matrix through ``executor`` (default: in this process).
 
     ``estimator`` (bench.runplan.CostModel) weights the progress bar; ``on_plan(plan)`` is called with the
-    plan (bench.runplan.Plan) before anything runs. Records are written by whoever finishes a cell."""
+    plan (bench.runplan.Plan) before anything runs; ``redo_before``: cells whose records started before it run
+    again (bench.runplan.Done). Records are written by whoever finishes a cell."""
     from .runplan import CostModel, make_plan
 
     out = Path(out)
@@ -486,7 +494,7 @@ def run(
     estimator = estimator or CostModel.from_records(out, device=device)
     cells = plan(tasks, defenses, attacks, seeds)
     broken = [c for c in cells if c.error]  # recorded failed below, never run
-    pl = make_plan([c for c in cells if not c.error], store, estimator, jobs=executor.jobs)
+    pl = make_plan([c for c in cells if not c.error], store, estimator, jobs=executor.jobs, redo_before=redo_before)
     if on_plan is not None:
         on_plan(pl)
     summary = RunSummary()

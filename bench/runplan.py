@@ -12,6 +12,7 @@ import statistics
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -198,7 +199,7 @@ class Plan:
                 f"({self.planned - self.applicable} n/a), {self.done} already done, {self.to_run} to run"
                 + (
                     f" ({self.stale} of them redo a stale record: made under an earlier protocol or budget, or from "
-                    f"a training or reference run no longer cached)"
+                    f"a training or reference run no longer cached, or before --redo-before)"
                     if self.stale
                     else ""
                 ),
@@ -240,18 +241,40 @@ def training_cached(task, defense, seed: int, out: Path, *, readonly: bool = Fal
     return cached(task, defense, seed, Path(out) / "cache", readonly=readonly) or legacy.exists()
 
 
+def started(record: dict) -> datetime:
+    """When the record's run started (``provenance.started_at``, UTC); the earliest time when it says nothing."""
+    raw = (record.get("provenance") or {}).get("started_at")
+    try:
+        return parse_time(str(raw))
+    except ValueError:
+        return datetime.min.replace(tzinfo=timezone.utc)
+
+
+def parse_time(raw: str) -> datetime:
+    """An ISO 8601 date or time (``2026-11-28``, ``2026-11-28T07:00``, ``...Z`` or ``...+01:00``), UTC unless it
+    gives an offset; ValueError otherwise."""
+    s = raw.strip()
+    t = datetime.fromisoformat(s[:-1] + "+00:00" if s[-1:] in ("Z", "z") else s)
+    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
+
+
 class Done:
     """Whether a cell's record is finished and current: its resolved fields as the cell expects, and a
     membership record made from the training run now cached (``bench.training.identity``; reconstruction cells
     attack round-0 probes, which no training changes) and, for a reference-model attack, scored against the
-    reference runs now cached (``bench.reference.identities``). Caches each run's identity for one plan."""
+    reference runs now cached (``bench.reference.identities``); with ``redo_before`` (``bench run --redo-before``),
+    a record started at or after that time. Caches each run's identity for one plan."""
 
-    def __init__(self, store) -> None:
+    def __init__(self, store, *, redo_before: datetime | None = None) -> None:
         self.store = store
+        self.redo_before = redo_before
         self._ids: dict[tuple, Any] = {}
 
     def __call__(self, c) -> bool:
         checks: list = []
+        if self.redo_before is not None:
+            when = self.redo_before
+            checks.append(lambda rec: started(rec) >= when)
         if c.defense is not None and c.attack.kind == "membership":
             from .reference import made_with
             from .training import made_from
@@ -291,13 +314,13 @@ class Done:
         return self._ids[key]
 
 
-def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1) -> Plan:
+def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_before: datetime | None = None) -> Plan:
     from .training import checkpoint_path  # imported when planning (bench list stays light)
 
     f = model.factors
     span = (f"{f[0]:.2g}" if f[0] == f[-1] else f"{f[0]:.2g}-{f[-1]:.2g}") if f else ""
     pl = Plan(planned=len(cells), jobs=jobs, learned_from=model.n_records, scaled=model.n_scaled, scale_text=span)
-    done = Done(store)
+    done = Done(store, redo_before=redo_before)
     for c in cells:
         pl.applicable += c.na is None
         if done(c):

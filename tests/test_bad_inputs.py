@@ -234,6 +234,10 @@ MALFORMED = [
     (["--precision", "fp64"], "unknown precision 'fp64'. Valid choices: fp32, bf16, fp16"),
     (["--precision", ""], "unknown precision ''"),
     (["--precision", "fp16", "--device", "cpu"], "--precision fp16 needs a CUDA device"),
+    (["--redo-before", "yesterday"], "--redo-before 'yesterday' is not an ISO 8601 date or time: give e.g."),
+    (["--redo-before", ""], "--redo-before '' is not an ISO 8601 date or time"),
+    (["--redo-before", "2026-13-01"], "is not an ISO 8601 date or time"),
+    (["--redo-before", "9999-01-01"], "--redo-before '9999-01-01' is in the future"),
 ]
 
 

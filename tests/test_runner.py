@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from bench.runner import plan, run
-from bench.runplan import CostModel
+from bench.runner import plan, run, write_failed
+from bench.runplan import CostModel, parse_time
 from bench.store import Store
 from defenses.fedavg import FedAvg
 from defenses.fixed_position import FixedPosition
@@ -321,6 +323,50 @@ def _retrain_in_cache(cache: Path) -> None:
     meta["utility"] = {k: v + 0.01 for k, v in meta["utility"].items()}
     cachefile.save(stem, tensors, meta)
     runner._TRAIN_LRU.clear()
+
+
+def test_redo_before_reruns_older_records_once_and_a_resume_keeps_the_redone_ones(tmp_path):
+    # arrange: a finished matrix whose records all started before ``cut``
+    task, defenses, attacks = toy_task(), [FedAvg()], [ToyLossMIA(), ToyMeanRecon()]
+    run([task], defenses, attacks, [0], tmp_path)
+    first = {r["cell_id"]: r["provenance"]["started_at"] for r in records(tmp_path)}
+    ok_cells = sum(r["status"] == "ok" for r in records(tmp_path))
+    cut = max(parse_time(t) for t in first.values()) + timedelta(seconds=1)
+    time.sleep(1.1)  # stamps have whole seconds: the redone records start after ``cut``
+
+    # act: redo, then resume with the same time, then run without it
+    plans: list = []
+    redone = run([task], defenses, attacks, [0], tmp_path, redo_before=cut, on_plan=plans.append)
+    again = run([task], defenses, attacks, [0], tmp_path, redo_before=cut)
+    plain = run([task], defenses, attacks, [0], tmp_path)
+
+    # assert: every finished ok record is redone once (n/a records need no compute and stay)
+    n_cells = len(plan([task], defenses, attacks, [0]))
+    assert redone.counts["ok"] == ok_cells and plans[0].stale == ok_cells
+    assert "or before --redo-before" in plans[0].render()
+    assert again.counts["skipped"] == n_cells and plain.counts["skipped"] == n_cells
+    after = {r["cell_id"]: r for r in records(tmp_path)}
+    assert all(parse_time(r["provenance"]["started_at"]) >= cut for r in after.values() if r["status"] == "ok")
+
+
+def test_a_unit_that_dies_replaces_an_older_record_and_keeps_one_its_worker_wrote(tmp_path):
+    # arrange: one finished record; skeletons of a unit planned after it and of one planned before it
+    task = toy_task()
+    run([task], [FedAvg()], [ToyLossMIA()], [0], tmp_path)
+    rec = next(r for r in records(tmp_path) if r["status"] == "ok")
+    store, when = Store(tmp_path), parse_time(rec["provenance"]["started_at"])
+    stamp = lambda t: t.strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    skeleton = lambda t: {**rec, "provenance": {**rec["provenance"], "started_at": stamp(t)}}  # noqa: E731
+
+    # act: the unit planned before the record was written (its worker wrote it), then a later one (a redo)
+    write_failed(store, skeleton(when - timedelta(seconds=5)), "killed")
+    kept = store.load(store.record_path(rec["scenario"], rec["cell_id"]))
+    write_failed(store, skeleton(when + timedelta(seconds=5)), "killed")
+    replaced = store.load(store.record_path(rec["scenario"], rec["cell_id"]))
+
+    # assert
+    assert kept is not None and kept["status"] == "ok"
+    assert replaced is not None and replaced["status"] == "failed" and replaced["reason"] == "killed"
 
 
 def test_records_made_from_a_run_no_longer_cached_are_redone_and_flagged(tmp_path):
