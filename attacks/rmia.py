@@ -11,9 +11,17 @@ models (every reference model is OUT for every candidate and every z, ``bench.re
 each population sample z; LR(x, z) = [p(x|theta) / Pr(x)] / [p(z|theta) / Pr(z)];
 score = fraction of z with LR(x, z) >= gamma. Constants as in the authors' code (privacytrustlab/
 ml_privacy_meter): the offline Pr(x) above is attacks.py:118/132 and modules/mia/attacks/rmia.py:131/141 (from
-P_IN ~ a P_OUT + (1 - a), documentation/mia.md); a = 0.3 is the library's default (modules/mia/README.md:6) and
-the paper's CIFAR-10 / CINIC-10 setting (research/2024_rmia/attack_configs/*, commit d327341: 0.6 on CIFAR-100,
-0.2 on Purchase-100; the library can also grid-search it on a reference model, tune_offline_a); gamma = 1 is
+P_IN ~ a P_OUT + (1 - a), documentation/mia.md). ``a`` is tuned per cell as the authors' audit does before every
+attack (audit.py, attacks.py tune_offline_a): one reference model, whose training data the attacker chose, is
+attacked with the other reference models for a = 0, 0.1, ..., 1, and the a of the highest AUROC is kept
+(:func:`tune_a`; here reference 0's members against training-pool items it did not draw, each item's reference
+mean over the models that did not train on it, since our reference models draw overlapping sets rather than the
+library's complementary pairs). A fixed a mattered: with a = 0.3 (the library's configured default,
+modules/mia/README.md:6, and the paper's CIFAR-10 setting) and LM likelihoods p = exp(-mean token NLL) ~ 0.01-0.1,
+Pr(x) is ~ (1 - a) / 2 for every x, the reference models drop out and RMIA ranked llm-text candidates as the loss
+attack did (Spearman 0.9999, AUROC within 0.01 on every default record, session 2026-11-28) while offline LiRA
+reached 0.81-0.94 where RMIA had 0.70-0.80. Where there is nothing to tune on (a base-model target, R = 1)
+a = 0.3. gamma = 1 is
 the library's (run_rmia counts ratios > 1.0, attacks.py:136 and modules/mia/attacks/rmia.py:145;
 documentation/mia.md:94 "the default value of gamma is 1"); the paper's experiment code uses 2
 (research/2024_rmia/README.md:121, all 59 attack configs) with another signal (temperature-2 Taylor softmax,
@@ -59,19 +67,55 @@ from bench.registry import register_attack
 from bench.signals import loss_timesteps, per_sample_losses
 from bench.types import Attack, Observation, Scores, TaskSpec
 
+A_GRID = tuple(i / 10 for i in range(11))  # the a values [RMIA]'s code tries (tune_offline_a: 0, 0.1, ..., 1)
+UNTUNED_A = 0.3  # where there is nothing to tune on (module doc)
+
 
 def offline_pr(p_refs: Tensor, a: float) -> Tensor:
     """[RMIA]'s offline approximation of Pr(x) from OUT models' p(x | theta_r) [N, R]: ((1+a) mean + 1-a) / 2."""
-    return 0.5 * ((1.0 + a) * p_refs.double().mean(1) + (1.0 - a))
+    return _pr(p_refs.double().mean(1), a)
+
+
+def _pr(mean_out: Tensor, a: float) -> Tensor:
+    return 0.5 * ((1.0 + a) * mean_out.double() + (1.0 - a))
+
+
+def _scores(p_target: Tensor, mean_x: Tensor, pz_target: Tensor, mean_z: Tensor, a: float, gamma: float) -> Tensor:
+    rx = torch.log(p_target.double()) - torch.log(_pr(mean_x, a))
+    rz = torch.log(pz_target.double()) - torch.log(_pr(mean_z, a))
+    return ((rx[:, None] - rz[None, :]) >= torch.log(torch.tensor(gamma, dtype=torch.float64))).double().mean(1)
 
 
 def rmia_scores(
     p_target: Tensor, p_refs: Tensor, pz_target: Tensor, pz_refs: Tensor, *, a: float, gamma: float
 ) -> Tensor:
     """[N] RMIA scores: for each x, the fraction of z with LR(x, z) >= gamma (computed in log space)."""
-    rx = torch.log(p_target.double()) - torch.log(offline_pr(p_refs, a))
-    rz = torch.log(pz_target.double()) - torch.log(offline_pr(pz_refs, a))
-    return ((rx[:, None] - rz[None, :]) >= torch.log(torch.tensor(gamma, dtype=torch.float64))).double().mean(1)
+    return _scores(p_target, p_refs.double().mean(1), pz_target, pz_refs.double().mean(1), a, gamma)
+
+
+def tune_a(
+    p_refs: Tensor, out: Tensor, member: Tensor, pz_refs: Tensor, *, gamma: float
+) -> tuple[float, dict[str, float]]:
+    """[RMIA]'s offline ``a`` as its authors' code picks it (tune_offline_a, module doc): attack reference model 0
+    (column 0 of the likelihoods ``p_refs`` [M, R] of items whose membership ``member`` [M] the attacker knows; of
+    ``pz_refs`` [Z, R] for the z samples) with the other reference models, each item's mean over those that did
+    not train on it (``out`` [M, R-1]), for every a in :data:`A_GRID`; returns the a of the highest AUROC (the
+    smallest on ties) and each a's AUROC. Items no other reference model is OUT for are left out."""
+    from sklearn.metrics import roc_auc_score  # lazy: sklearn costs seconds at start-up
+
+    keep = out.any(1)
+    if int(member[keep].sum()) == 0 or int((~member[keep]).sum()) == 0:
+        raise ValueError("tuning a needs members and non-members with an OUT reference model each")
+    w = out[keep].double()
+    mean_x = (p_refs[keep, 1:].double() * w).sum(1) / w.sum(1)
+    mean_z = pz_refs[:, 1:].double().mean(1)
+    y = member[keep].numpy()
+    aurocs = {
+        f"{a:.1f}": float(roc_auc_score(y, _scores(p_refs[keep, 0], mean_x, pz_refs[:, 0], mean_z, a, gamma).numpy()))
+        for a in A_GRID
+    }
+    best = max(A_GRID, key=lambda a: (aurocs[f"{a:.1f}"], -a))
+    return best, aurocs
 
 
 def logit_from_loss(loss: Tensor) -> Tensor:
@@ -122,7 +166,8 @@ def augmented(item: Any, query: tuple[bool, int, int]) -> Any:
 class RMIA(Attack):
     n_reference: int | None = param(None, ge=1, le=256)  # R; None = the preset's (2 on smoke, 4 elsewhere)
     gamma: float = param(1.0, gt=0.0, le=1000.0)  # LR threshold ([RMIA]'s code: 1, module doc)
-    a: float = param(0.3, ge=0.0, le=1.0)  # offline Pr(x) approximation ([RMIA]'s code: 0.3, module doc)
+    a: float | None = param(None, ge=0.0, le=1.0)  # offline Pr(x) approximation; None: tuned per cell (module doc)
+    n_tune: int = param(128, ge=2, le=100_000)  # members and as many non-members of reference 0 to tune a on
     n_population: int | None = param(None, ge=1, le=1_000_000)  # z samples; None = the whole z pool ([RMIA])
     lira_global_variance: bool = True  # [LiRA]: a global variance with few reference models
     timesteps: int = param(10, ge=0, le=1000)  # diffusion steps of the loss (only with api.diffusion_ops)
@@ -181,9 +226,10 @@ class RMIA(Attack):
         lx_refs = torch.stack([losses(m, qx, f"ref{r} candidates") for r, m in enumerate(refs)], 1)  # [N, R, Q]
         lz_refs = torch.stack([losses(m, qz, f"ref{r} z") for r, m in enumerate(refs)], 1)
         p = lambda loss: torch.exp(-loss)  # noqa: E731 - p(x | theta), module doc
+        a, tuned = self._offline_a(obs, refs, p(lz_refs[..., 0]), steps)
         nq = range(len(queries))
         rmia = [
-            rmia_scores(p(lx[:, q]), p(lx_refs[..., q]), p(lz[:, q]), p(lz_refs[..., q]), a=self.a, gamma=self.gamma)
+            rmia_scores(p(lx[:, q]), p(lx_refs[..., q]), p(lz[:, q]), p(lz_refs[..., q]), a=a, gamma=self.gamma)
             for q in nq
         ]
         lira = [
@@ -199,8 +245,45 @@ class RMIA(Attack):
         }
         details = {  # what the attacker was assumed to know and how it scored (the record's attack_details)
             "attacker_knowledge": obs.reference.knowledge(),
-            "rmia": {"gamma": self.gamma, "a": self.a, "n_z": len(z)},
+            "rmia": {"gamma": self.gamma, "a": a, "n_z": len(z), "a_from": tuned},
             "queries": [list(q) for q in queries] if len(queries) > 1 else "the candidate only",
             "lira_offline": {"global_variance": self.lira_global_variance or len(refs) < 2},
         }
         return Scores(scores, primary="rmia", details=details)
+
+    def _offline_a(self, obs: Observation, refs: list, pz_refs: Tensor, steps: Any) -> tuple[float, Any]:
+        """(a, where it came from): the set ``a``; else tuned on the reference models (:func:`tune_a`), or
+        :data:`UNTUNED_A` where there is nothing to tune on."""
+        if self.a is not None:
+            return float(self.a), "set"
+        data = obs.reference.tuning(len(refs), self.n_tune) if obs.reference is not None else None
+        if data is None:
+            return UNTUNED_A, "not tuned (a base-model target or one reference model): the code's default"
+        items = data.members + data.nonmembers
+        lt = torch.stack(
+            [
+                per_sample_losses(
+                    obs.api,
+                    m,
+                    items,
+                    batch_size=self.batch_size,
+                    timesteps=steps,
+                    desc=f"rmia tuning ref{r}",
+                    seed=obs.seed,
+                    cache=obs.signals,
+                ).mean(1)
+                for r, m in enumerate(refs)
+            ],
+            1,
+        )
+        pt = torch.exp(-lt)
+        member = torch.tensor([True] * len(data.members) + [False] * len(data.nonmembers))
+        out = torch.from_numpy(data.out)
+        a, aurocs = tune_a(pt, out, member, pz_refs, gamma=self.gamma)
+        used = out.any(1)
+        return a, {
+            "tuned": "reference 0 attacked with the others (module doc)",
+            "n_members": int(member[used].sum()),
+            "n_nonmembers": int((~member[used]).sum()),
+            "auroc_by_a": aurocs,
+        }

@@ -141,6 +141,18 @@ def reference_extras(task: Task, items: list[Any]) -> dict[str, Any]:
     return out
 
 
+def client_parts(sizes: list[int], alpha: float | None, labels: list[int] | None, split_seed: int) -> list[list[int]]:
+    """Each client's positions in a reference run's items: IID chunks of the target clients' ``sizes``, or a
+    Dirichlet(alpha) split over ``labels`` by ``bench.fl.split_clients`` seeded ``split_seed``, as the target's."""
+    n = sum(sizes)
+    if alpha is None:
+        starts = np.cumsum([0, *sizes]).tolist()
+        return [list(range(starts[i], starts[i + 1])) for i in range(len(sizes))]
+    if labels is None or len(labels) != n:
+        raise ValueError(f"a Dirichlet({alpha}) reference split needs one label per item ({n} items)")
+    return [list(part) for part in split_clients(labels, len(sizes), alpha, split_seed)]
+
+
 def reference_task(
     task: Task,
     defense: Defense | None,
@@ -158,18 +170,8 @@ def reference_task(
     sizes = training_sizes(task, defense)
     if sum(sizes) != len(items):
         raise ValueError(f"{len(items)} reference items for training sets of sizes {sizes}")
-    chunks: list[Dataset] = []
-    alpha = dirichlet_alpha(task, defense)
-    if alpha is not None:
-        if labels is None or len(labels) != len(items):
-            raise ValueError(f"a Dirichlet({alpha}) reference split needs one label per item ({len(items)} items)")
-        for part in split_clients(labels, len(sizes), alpha, split_seed):
-            chunks.append(cast(Dataset, [items[i] for i in part]))
-    else:
-        start = 0
-        for n in sizes:
-            chunks.append(cast(Dataset, items[start : start + n]))  # a list is a map-style dataset
-            start += n
+    parts = client_parts(sizes, dirichlet_alpha(task, defense), labels, split_seed)
+    chunks = [cast(Dataset, [items[i] for i in part]) for part in parts]  # a list is a map-style dataset
     central = defense is not None and defense.setting == "central"
     return replace(
         task,
@@ -348,6 +350,16 @@ def _remember(key: str, res: TrainResult) -> TrainResult:
     return res
 
 
+@dataclass(frozen=True)
+class Tuning:
+    """Items to tune [RMIA]'s offline ``a`` on (:meth:`Reference.tuning`): reference model 0's members and
+    non-members, and ``out[i, j]``: reference j + 1 did not train on item i (members first)."""
+
+    members: list[Any]
+    nonmembers: list[Any]
+    out: np.ndarray
+
+
 @dataclass
 class Reference:
     """What a reference-model attack gets in ``Observation.reference`` for one scored model: reference
@@ -421,6 +433,44 @@ class Reference:
                 )
         return out
 
+    def tuning(self, n_refs: int, n_per_side: int) -> Tuning | None:
+        """Data to tune [RMIA]'s offline ``a`` on, as its authors' code does: reference model 0 plays the target
+        (the attacker knows what it trained on) and references 1..R-1 the references. Members: reference 0's
+        training items (in the client view, those of the scored client), non-members: training-pool items it did
+        not draw; up to ``n_per_side`` of each, seeded. None when there is nothing to tune on (a base-model target,
+        whose references are all the base model, or R < 2)."""
+        if self.defense is None or n_refs < 2 or self.task.population is None:
+            return None
+        sizes = training_sizes(self.task, self.defense)
+        n_train = sum(sizes)
+        split = population_split(n_items(self.task.population), n_train, self.seed)
+        drawn = [reference_indices(split, n_train, self.seed, r) for r in range(n_refs)]
+        own = drawn[0]
+        if self.view == "client_model":
+            labels = population_labels(self.task, own) if dirichlet_alpha(self.task, self.defense) is not None else None
+            parts = client_parts(sizes, dirichlet_alpha(self.task, self.defense), labels, ref_seed(self.seed, 0))
+            own = [own[i] for i in parts[self._client_index(0)]]
+        rng = np.random.default_rng([self.seed, REF_SALT, 0x7475])  # "tu": the tuning draw's own stream
+        taken = set(drawn[0])
+        outside = [i for i in split.train_pool if i not in taken]
+        members = sorted(rng.permutation(own)[:n_per_side].tolist())
+        nonmembers = sorted(rng.permutation(outside)[:n_per_side].tolist())
+        sets = [set(d) for d in drawn[1:]]
+        out = np.array([[i not in d for d in sets] for i in members + nonmembers], dtype=bool)
+        pop = self.task.population
+        self.used["a_tuning"] = (
+            f"reference 0 as the target ({len(members)} of its training items vs {len(nonmembers)} training-pool "
+            f"items it did not draw), references 1-{n_refs - 1} as its references where they did not train on the item"
+        )
+        return Tuning([pop[i] for i in members], [pop[i] for i in nonmembers], out)
+
+    def _client_index(self, r: int) -> int:
+        """The client of reference run ``r`` that the client view scores: the target's index where kept."""
+        res = get_reference(self.task, self.defense, self.seed, r, self.cache_root)  # type: ignore[arg-type]
+        if not res.client_latest:
+            raise ValueError("the reference run kept no client states (the defense sends no weights)")
+        return self.client if self.client in res.client_latest else min(res.client_latest)
+
     def _model(self, r: int) -> nn.Module:
         api = self.task.api
         if self.defense is None:  # "no fine-tuning" is deterministic: one base model serves as every reference
@@ -428,9 +478,7 @@ class Reference:
         res = get_reference(self.task, self.defense, self.seed, r, self.cache_root)
         state = res.global_state
         if self.view == "client_model":
-            if not res.client_latest:
-                raise ValueError("the reference run kept no client states (the defense sends no weights)")
-            k = self.client if self.client in res.client_latest else min(res.client_latest)
+            k = self._client_index(r)
             state = client_model_state(res.global_state, res.client_latest[k])
         return build_trained_model(self.task, self.defense, state, res.global_buffers)
 

@@ -20,6 +20,7 @@ from attacks.rmia import (
     offline_pr,
     queries_of,
     rmia_scores,
+    tune_a,
 )
 from bench import reference as ref
 from bench.cells import run_membership
@@ -63,6 +64,47 @@ def test_rmia_a_equal_one_uses_the_mean_of_the_reference_models():
     got = rmia_scores(p_x, p_x_refs, p_z, p_z_refs, a=1.0, gamma=1.0)
 
     assert got.item() == pytest.approx(2 / 3)
+
+
+def _lm_like(n: int, seed: int):
+    """Reference-model likelihoods of an LM-like signal (p ~ 0.01-0.1): an item's difficulty moves every model's
+    p alike; a member's own model (column 0) gains a factor 1.3 on it. z: 200 OUT items."""
+    g = torch.Generator().manual_seed(seed)
+    hard = torch.empty(n).uniform_(-4.5, -2.3, generator=g)  # log p of the item under any OUT model
+    member = torch.arange(n) < n // 2
+    noise = 0.05 * torch.randn(n, 3, generator=g)
+    p = torch.exp(hard[:, None] + noise)
+    p[:, 0] *= torch.where(member, 1.3, 1.0)
+    z = torch.exp(torch.empty(200).uniform_(-4.5, -2.3, generator=g)[:, None] + 0.05 * torch.randn(200, 3, generator=g))
+    return p, member, z
+
+
+def test_tuning_a_picks_the_reference_calibrated_ratio_for_small_likelihoods():
+    p, member, pz = _lm_like(400, 0)
+    out = torch.ones(400, 2, dtype=torch.bool)
+
+    a, aurocs = tune_a(p, out, member, pz, gamma=1.0)
+
+    # a = 0.3 leaves Pr(x) ~ 0.35 for every x: RMIA is the loss attack (the items' difficulty swamps the 1.3);
+    # a = 1 divides the difficulty out
+    assert a == 1.0 and set(aurocs) == {f"{i / 10:.1f}" for i in range(11)}
+    assert aurocs["1.0"] > 0.95 and aurocs["0.3"] < 0.7, aurocs
+
+
+def test_tuning_a_uses_only_each_items_out_references_and_ties_keep_the_smallest_a():
+    p, member, pz = _lm_like(400, 1)
+    out = torch.ones(400, 2, dtype=torch.bool)
+    out[:, 1] = False  # the second other reference trained on every item: its column must not count
+    p_bad = p.clone()
+    p_bad[:, 2] = 1.0  # ... however wrong its likelihoods
+
+    assert tune_a(p_bad, out, member, pz, gamma=1.0) == tune_a(p, out, member, pz, gamma=1.0)
+    # constant likelihoods: every a ranks the same, the first (smallest) is kept
+    flat = torch.full((4, 3), 0.5)
+    a, _ = tune_a(flat, torch.ones(4, 2, dtype=torch.bool), torch.tensor([1, 1, 0, 0]).bool(), flat, gamma=1.0)
+    assert a == 0.0
+    with pytest.raises(ValueError, match="members and non-members"):
+        tune_a(p, torch.zeros(400, 2, dtype=torch.bool), member, pz, gamma=1.0)
 
 
 def test_logit_from_loss_is_the_logit_of_the_likelihood():
@@ -214,6 +256,48 @@ def test_negative_control_a_target_that_never_saw_the_members_is_at_chance(train
     assert auroc["ci_low"] <= 0.5 <= auroc["ci_high"], auroc
 
 
+def test_the_tuning_data_are_reference_zeros_members_against_pool_items_it_did_not_draw():
+    task, defense = _population_task(), FedAvg()
+    for view, client in (("global_model", None), ("client_model", 1)):
+        r = ref.Reference(task, defense, view, client, seed=0)
+        n_train = sum(ref.training_sizes(task, defense))
+        split = ref.population_split(len(task.population), n_train, 0)
+        drawn = [ref.reference_indices(split, n_train, 0, k) for k in range(3)]
+        pos = {fingerprint([x]): i for i, x in enumerate(task.population)}
+
+        if view == "client_model":
+            r._client_index = lambda k: 1  # type: ignore[method-assign] - no reference run trained in this test
+        got = r.tuning(3, 10_000)
+
+        mem = [pos[fingerprint([x])] for x in got.members]
+        non = [pos[fingerprint([x])] for x in got.nonmembers]
+        own = (
+            drawn[0]
+            if view == "global_model"
+            else [drawn[0][i] for i in ref.client_parts(ref.training_sizes(task, defense), None, None, 0)[1]]
+        )
+        assert sorted(mem) == sorted(own)
+        assert set(non) == set(split.train_pool) - set(drawn[0])
+        assert got.out.tolist() == [[i not in drawn[1], i not in drawn[2]] for i in mem + non]
+    assert ref.Reference(task, None, "global_model", None, seed=0).tuning(3, 10) is None  # base model: nothing to tune
+    assert ref.Reference(task, defense, "global_model", None, seed=0).tuning(1, 10) is None
+
+
+def test_a_tuned_rmia_record_states_the_a_it_chose_and_why(trained, tmp_path):
+    task, defense, train = trained
+
+    got = run_membership(task, defense, RMIA(), "global_model", train, 0, cache_root=tmp_path)
+    fixed = run_membership(task, defense, RMIA(a=0.3), "global_model", train, 0, cache_root=tmp_path)
+
+    rm = got["attack_details"]["rmia"]
+    assert rm["a"] in [i / 10 for i in range(11)] and set(rm["a_from"]["auroc_by_a"]) == {
+        f"{i / 10:.1f}" for i in range(11)
+    }
+    assert rm["a_from"]["auroc_by_a"][f"{rm['a']:.1f}"] == max(rm["a_from"]["auroc_by_a"].values())
+    assert fixed["attack_details"]["rmia"]["a"] == 0.3 and fixed["attack_details"]["rmia"]["a_from"] == "set"
+    assert "reference 0 as the target" in got["reference"]["a_tuning"]
+
+
 def test_base_model_cells_use_the_base_model_as_reference(trained):
     task, _, _ = trained
 
@@ -246,7 +330,7 @@ def test_the_defaults_are_the_authors_and_a_conformance_run_caps_the_budget():
 
     capped, notes = cap_budget(RMIA())
 
-    assert (RMIA().gamma, RMIA().a, RMIA().n_population) == (1.0, 0.3, None)
+    assert (RMIA().gamma, RMIA().a, RMIA().n_population) == (1.0, None, None)  # a: tuned per cell, as the code does
     assert (capped.n_reference, capped.n_population, capped.timesteps) == (1, 64, 2), notes
 
 
