@@ -131,3 +131,16 @@ def test_the_leaderboard_writes_the_section_and_a_numeric_csv(tmp_path):
     md = (tmp_path / "leaderboards" / "sc.md").read_text()
     assert "## Attack strength on the undefended baseline" in md and f"**{strength.STRONGER}**" in md
     assert "sc_attack_strength.csv" in (tmp_path / "leaderboards" / "README.md").read_text()
+
+
+def test_the_row_names_the_offline_a_each_seeds_rmia_record_used():
+    recs = []
+    for seed, a in ((1, 0.5), (0, 0.4)):
+        r = rmia_rec(3.0, seed=seed, score_seed=seed)
+        r["attack_details"] = {"rmia": {"a": a}}
+        recs.append(r)
+    legacy = rmia_rec(3.0, seed=2, score_seed=2)  # a record that does not state its a
+
+    assert row_of(recs)["rmia.a"] == "0.4, 0.5"
+    assert row_of([*recs, legacy])["rmia.a"] == "0.4, 0.5, ?"
+    assert "(a 0.4, 0.5)" in strength.markdown(strength.strength_table(Results(recs), "sc"), "sc")

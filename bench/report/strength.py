@@ -48,6 +48,7 @@ COLUMNS = [
     "best_single.tpr.ci_low",
     "best_single.tpr.ci_high",
     "rmia_attack",
+    "rmia.a",
     "rmia.tpr",
     "rmia.tpr.ci_low",
     "rmia.tpr.ci_high",
@@ -131,7 +132,7 @@ def strength_row(res: Results, key: tuple[str, str, str, str], recs: list[dict])
     if not ok:
         return None
     row: dict = dict(zip(("preset", "task", "baseline", "view"), key))
-    blank = {"best_single": "", "rmia_attack": "", "reference_best": "", "difference.method": ""}
+    blank = {"best_single": "", "rmia_attack": "", "rmia.a": "", "reference_best": "", "difference.method": ""}
     row.update({c: math.nan for c in COLUMNS[4:]} | blank)
     row.update(paired=False, verdict=NOT_MEASURED, note="")
     cells: dict[tuple[str, str], list[dict]] = {}
@@ -158,7 +159,7 @@ def strength_row(res: Results, key: tuple[str, str, str, str], recs: list[dict])
         _put(row, "best_single.tpr", best[1])
     ref: tuple[str | None, Estimate | None] = (None, None)  # the stronger reference-model score: (variant, TPR)
     if rmia is not None:
-        row["rmia_attack"] = rmia[0]["attack_label"]
+        row["rmia_attack"], row["rmia.a"] = rmia[0]["attack_label"], offline_a(rmia)
         ref = stronger_reference(res, rmia, metric)
         _put(row, "rmia.tpr", res.metric(rmia, metric))
         _put(row, "lira_offline.tpr", res.metric(rmia, f"variants:{LIRA}:{metric}"))
@@ -185,6 +186,13 @@ def strength_row(res: Results, key: tuple[str, str, str, str], recs: list[dict])
         row["difference.method"], row["paired"] = d.method, d.method.startswith("paired")
     row["verdict"], row["note"] = verdict(d), "; ".join(notes)
     return row
+
+
+def offline_a(rmia: list[dict]) -> str:
+    """The offline ``a`` each seed's RMIA record used (tuned per cell, attacks/rmia.py), in seed order, e.g.
+    ``0.4, 0.5, 0.4``; ``?`` for a record that does not state it."""
+    got = [(r.get("seed", 0), (r.get("attack_details") or {}).get("rmia", {}).get("a")) for r in rmia]
+    return ", ".join("?" if a is None else f"{a:g}" for _, a in sorted(got, key=lambda t: t[0]))
 
 
 def stronger_reference(res: Results, rmia: list[dict], metric: str) -> tuple[str | None, Estimate | None]:
@@ -237,7 +245,8 @@ def markdown(df: pd.DataFrame, scenario: str) -> str:
         diff = _est(r, "difference") + ("" if r.paired or r["difference.method"] == "" else " (unpaired)")
         diff = f"{r.reference_best}: {diff}" if r.reference_best else diff
         cells = ([r.preset] if presets else []) + [r.task, f"{r.baseline}/{VIEW_SHORT.get(r.view, r.view)}", n0, fpr]
-        cells += [r.best_single or "-", _est(r, "best_single.tpr"), _est(r, "rmia.tpr"), _est(r, "lira_offline.tpr")]
+        rmia_tpr = _est(r, "rmia.tpr") + (f" (a {r['rmia.a']})" if r["rmia.a"] else "")
+        cells += [r.best_single or "-", _est(r, "best_single.tpr"), rmia_tpr, _est(r, "lira_offline.tpr")]
         cells += [diff, f"**{r.verdict}**", r.note]
         rows.append([md_escape(c) for c in cells])
     return "\n".join(
@@ -247,7 +256,8 @@ def markdown(df: pd.DataFrame, scenario: str) -> str:
             "Per task and membership view of the undefended baseline of each protocol (fedavg, fedsgd for FedSGD "
             "forms, lora for released models): TPR at the lowest FPR the non-members support (>= 10 / FPR per "
             "seed) of the best single-signal attack (loss_mia, max_renyi, gradient_mia and their score variants, "
-            "rmia's `neg_loss`; highest point TPR), of RMIA and of offline LiRA, with 95% intervals, and the "
+            "rmia's `neg_loss`; highest point TPR), of RMIA (with each seed's offline a, tuned per cell) and of "
+            "offline LiRA, with 95% intervals, and the "
             "stronger of RMIA and offline LiRA (highest point TPR, named) minus the best single-signal attack "
             "(paired bootstrap over the shared candidates and seeds; `(unpaired)` where a variant's per-candidate "
             "scores were not kept). **reference-model stronger**: the difference's interval lies above 0; "
