@@ -167,7 +167,7 @@ class RMIA(Attack):
     n_reference: int | None = param(None, ge=1, le=256)  # R; None = the preset's (2 on smoke, 4 elsewhere)
     gamma: float = param(1.0, gt=0.0, le=1000.0)  # LR threshold ([RMIA]'s code: 1, module doc)
     a: float | None = param(None, ge=0.0, le=1.0)  # offline Pr(x) approximation; None: tuned per cell (module doc)
-    n_tune: int = param(128, ge=2, le=100_000)  # members and as many non-members of reference 0 to tune a on
+    n_tune: int = param(128, ge=2, le=100_000, added=True)  # reference 0 members (and non-members) to tune a on
     n_population: int | None = param(None, ge=1, le=1_000_000)  # z samples; None = the whole z pool ([RMIA])
     lira_global_variance: bool = True  # [LiRA]: a global variance with few reference models
     timesteps: int = param(10, ge=0, le=1000)  # diffusion steps of the loss (only with api.diffusion_ops)
