@@ -206,21 +206,11 @@ class RMIA(Attack):
         qx = [items if q == 0 else [augmented(x, query) for x in items] for q, query in enumerate(queries)]
         qz = [z if q == 0 else [augmented(x, query) for x in z] for q, query in enumerate(queries)]
 
-        def losses(model, per_query: list[list[Any]], what: str) -> Tensor:  # [N, Q]; seeded, shared (obs.signals)
-            cols = [
-                per_sample_losses(
-                    obs.api,
-                    model,
-                    xs,
-                    batch_size=self.batch_size,
-                    timesteps=steps,
-                    desc=f"rmia {what}" + (f" q{q}" if q else ""),
-                    seed=obs.seed,
-                    cache=obs.signals,
-                ).mean(1)
-                for q, xs in enumerate(per_query)
-            ]
-            return torch.stack(cols, 1)
+        def losses(model, per_query: list[list[Any]], what: str) -> Tensor:  # [N, Q]
+            return torch.stack(
+                [self._losses(obs, model, xs, steps, what + (f" q{q}" if q else "")) for q, xs in enumerate(per_query)],
+                1,
+            )
 
         lx, lz = losses(obs.model, qx, "candidates"), losses(obs.model, qz, "z")
         lx_refs = torch.stack([losses(m, qx, f"ref{r} candidates") for r, m in enumerate(refs)], 1)  # [N, R, Q]
@@ -251,6 +241,19 @@ class RMIA(Attack):
         }
         return Scores(scores, primary="rmia", details=details)
 
+    def _losses(self, obs: Observation, model: Any, items: list[Any], steps: Any, what: str) -> Tensor:
+        """[N] each item's mean loss under ``model``: seeded by the cell, shared through ``obs.signals``."""
+        return per_sample_losses(
+            obs.api,
+            model,
+            items,
+            batch_size=self.batch_size,
+            timesteps=steps,
+            desc=f"rmia {what}",
+            seed=obs.seed,
+            cache=obs.signals,
+        ).mean(1)
+
     def _offline_a(self, obs: Observation, refs: list, pz_refs: Tensor, steps: Any) -> tuple[float, Any]:
         """(a, where it came from): the set ``a``; else tuned on the reference models (:func:`tune_a`), or
         :data:`UNTUNED_A` where there is nothing to tune on."""
@@ -260,23 +263,9 @@ class RMIA(Attack):
         if data is None:
             return UNTUNED_A, "not tuned (a base-model target or one reference model): the code's default"
         items = data.members + data.nonmembers
-        lt = torch.stack(
-            [
-                per_sample_losses(
-                    obs.api,
-                    m,
-                    items,
-                    batch_size=self.batch_size,
-                    timesteps=steps,
-                    desc=f"rmia tuning ref{r}",
-                    seed=obs.seed,
-                    cache=obs.signals,
-                ).mean(1)
-                for r, m in enumerate(refs)
-            ],
-            1,
+        pt = torch.exp(
+            -torch.stack([self._losses(obs, m, items, steps, f"tuning ref{r}") for r, m in enumerate(refs)], 1)
         )
-        pt = torch.exp(-lt)
         member = torch.tensor([True] * len(data.members) + [False] * len(data.nonmembers))
         out = torch.from_numpy(data.out)
         a, aurocs = tune_a(pt, out, member, pz_refs, gamma=self.gamma)
