@@ -544,6 +544,25 @@ def test_a_membership_claim_is_rechecked_with_the_strongest_attack_side_by_side(
     }
 
 
+def test_the_strongest_recheck_uses_the_attacks_default_configuration_only(tmp_path):
+    # arrange: default RMIA separates FedRand's members as well as FedAvg's; an rmia(a=0.3) cell would say it holds
+    recs = _fedrand_records(fedrand_strength=2.0, fedrand_loss=3.05, attack="rmia")
+    fixed = _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.05, attack="rmia")
+    for r in fixed:
+        r["attack_label"] = "rmia(a=0.3)"
+        r["cell_id"] += "-a03"
+    res = write(tmp_path, recs + fixed)
+
+    row = next(
+        c
+        for c in claims.evaluate(res)
+        if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text" and c["attacks"] == "strongest: rmia"
+    )
+
+    assert row["verdict"] == "contradicted" and "rmia(a=0.3)" not in row["evidence"], row["evidence"]
+    assert any(r["attack_label"] == "rmia(a=0.3)" for r in res.records)  # still in the leaderboards
+
+
 def _claim_records(*, composed=5.0, ref_accuracy=0.6, num_classes=None, recon_attack="april", ldm_base=0.0):
     recs = [
         rec(
