@@ -262,6 +262,12 @@ class RMIA(Attack):
         data = obs.reference.tuning(len(refs), self.n_tune) if obs.reference is not None else None
         if data is None:
             return UNTUNED_A, "not tuned (a base-model target or one reference model): the code's default"
+        outs = data.out.any(1)
+        if not outs[: len(data.members)].any() or not outs[len(data.members) :].any():
+            return UNTUNED_A, (
+                "not tuned (no member and non-member of reference 0 that another reference model did not train on: "
+                "the population's training pool is too small): the code's default"
+            )
         items = data.members + data.nonmembers
         pt = torch.exp(
             -torch.stack([self._losses(obs, m, items, steps, f"tuning ref{r}") for r, m in enumerate(refs)], 1)

@@ -298,6 +298,17 @@ def test_a_tuned_rmia_record_states_the_a_it_chose_and_why(trained, tmp_path):
     assert "reference 0 as the target" in got["reference"]["a_tuning"]
 
 
+def test_a_training_pool_every_reference_model_draws_whole_leaves_a_untuned(tmp_path):
+    task = _population_task(n_members=24, n_non=24, n_pop=48, rounds=1)  # pool of 24 = one training set
+    defense = FedAvg()
+    _, train = run_federated(task, defense, 0)
+
+    got = run_membership(task, defense, RMIA(), "global_model", train, 0, cache_root=tmp_path)
+
+    rm = got["attack_details"]["rmia"]
+    assert rm["a"] == 0.3 and rm["a_from"].startswith("not tuned (no member and non-member"), rm
+
+
 def test_base_model_cells_use_the_base_model_as_reference(trained):
     task, _, _ = trained
 
