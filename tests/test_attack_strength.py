@@ -140,7 +140,9 @@ def test_the_row_names_the_offline_a_each_seeds_rmia_record_used():
         r["attack_details"] = {"rmia": {"a": a}}
         recs.append(r)
     legacy = rmia_rec(3.0, seed=2, score_seed=2)  # a record that does not state its a
+    clients = rmia_rec(3.0, seed=3, score_seed=3)  # a client-view record: one a per client
+    clients["attack_details"] = {"per_client": {"0": {"rmia": {"a": 1.0}}, "1": {"rmia": {"a": 0.9}}, "2": {}}}
 
     assert row_of(recs)["rmia.a"] == "0.4, 0.5"
-    assert row_of([*recs, legacy])["rmia.a"] == "0.4, 0.5, ?"
+    assert row_of([*recs, legacy, clients])["rmia.a"] == "0.4, 0.5, ?, 0.9/1"
     assert "(a 0.4, 0.5)" in strength.markdown(strength.strength_table(Results(recs), "sc"), "sc")

@@ -190,9 +190,16 @@ def strength_row(res: Results, key: tuple[str, str, str, str], recs: list[dict])
 
 def offline_a(rmia: list[dict]) -> str:
     """The offline ``a`` each seed's RMIA record used (tuned per cell, attacks/rmia.py), in seed order, e.g.
-    ``0.4, 0.5, 0.4``; ``?`` for a record that does not state it."""
-    got = [(r.get("seed", 0), (r.get("attack_details") or {}).get("rmia", {}).get("a")) for r in rmia]
-    return ", ".join("?" if a is None else f"{a:g}" for _, a in sorted(got, key=lambda t: t[0]))
+    ``0.4, 0.5, 0.4``; a client-view record tunes it per client (``0.9/1``, its distinct values); ``?`` for a
+    record that does not state it."""
+
+    def of(r: dict) -> str:
+        d = r.get("attack_details") or {}
+        parts = [d] if "rmia" in d else list((d.get("per_client") or {}).values())
+        got = sorted({p["rmia"]["a"] for p in parts if isinstance(p.get("rmia"), dict) and "a" in p["rmia"]})
+        return "/".join(f"{a:g}" for a in got) or "?"
+
+    return ", ".join(of(r) for r in sorted(rmia, key=lambda r: r.get("seed", 0)))
 
 
 def stronger_reference(res: Results, rmia: list[dict], metric: str) -> tuple[str | None, Estimate | None]:
