@@ -447,8 +447,9 @@ class Reference:
         drawn = [reference_indices(split, n_train, self.seed, r) for r in range(n_refs)]
         own = drawn[0]
         if self.view == "client_model":
-            labels = population_labels(self.task, own) if dirichlet_alpha(self.task, self.defense) is not None else None
-            parts = client_parts(sizes, dirichlet_alpha(self.task, self.defense), labels, ref_seed(self.seed, 0))
+            alpha = dirichlet_alpha(self.task, self.defense)
+            labels = population_labels(self.task, own) if alpha is not None else None
+            parts = client_parts(sizes, alpha, labels, ref_seed(self.seed, 0))
             own = [own[i] for i in parts[self._client_index(0)]]
         rng = np.random.default_rng([self.seed, REF_SALT, 0x7475])  # "tu": the tuning draw's own stream
         taken = set(drawn[0])
