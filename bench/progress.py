@@ -107,7 +107,9 @@ def _setup(it: Iterable[T], n: int, desc: str) -> Iterator[T]:
 
 def progress_bar(*, total: float, desc: str = "", unit: str = "it", weighted: bool = False) -> tqdm:
     """A manually updated bar (``.update(n)``). ``weighted``: ``total`` is estimated seconds of work and each
-    unit advances it by its own estimate, so the ETA follows the expensive work, not the count of cells."""
+    unit advances it by its own estimate, so the ETA follows the expensive work, not the count of cells. Its rate is
+    the average since the start (``smoothing=0``): progress lands in uneven jumps (a unit's share when it reports,
+    the rest when it ends), and tqdm's default moving average then swung a 3 h job's ETA between 1:45 h and 27 h."""
     fmt = "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]" if weighted else None
     return tqdm(
         total=total,
@@ -116,6 +118,7 @@ def progress_bar(*, total: float, desc: str = "", unit: str = "it", weighted: bo
         disable=os.environ.get("BENCH_QUIET") == "1",
         dynamic_ncols=True,
         mininterval=1.0,
+        smoothing=0.0 if weighted else 0.3,
         bar_format=fmt,
     )
 

@@ -691,3 +691,24 @@ def test_bf16_llm_text_runs_records_its_precision_and_keeps_fp32_keys(tmp_path):
     assert {r["provenance"]["precision"] for r in recs} == {"bf16"}
     assert train_key(with_precision(fp32, "fp32"), FedAvg(), 0) == train_key(fp32, FedAvg(), 0)  # fp32 unchanged
     assert train_key(bf16, FedAvg(), 0) != train_key(fp32, FedAvg(), 0)  # a bf16 run never reuses fp32 training
+
+
+def test_the_work_bars_eta_is_the_average_rate_through_uneven_jumps(monkeypatch):
+    # arrange: a weighted bar on a fake clock; work lands in jumps (a unit's share, then a long quiet stretch)
+    monkeypatch.delenv("BENCH_QUIET", raising=False)
+    from bench.progress import progress_bar
+
+    clock = [0.0]
+    bar = progress_bar(total=1000.0, desc="work", unit="s", weighted=True)
+    bar._time = lambda: clock[0]
+    bar.start_t = bar.last_print_t = 0.0
+    bar.mininterval = bar.miniters = 0
+    # act: 100 s of work in the first 100 s, then 1 s of work after 300 quiet seconds
+    for t, step in ((50.0, 50.0), (100.0, 50.0), (400.0, 1.0)):
+        clock[0] = t
+        bar.update(step)
+    d = bar.format_dict
+    bar.close()
+    # assert: remaining = elapsed x (left / done) = 400 x 899 / 101, not the last jump's 1 s per 300 s
+    rate = d["rate"] if d["rate"] is not None else d["n"] / d["elapsed"]
+    assert (d["total"] - d["n"]) / rate == pytest.approx(400 * 899 / 101, rel=1e-6)
