@@ -133,6 +133,10 @@ SPECS = {
 # minus random images' +0.19, lower end +0.14 (control passes). The ViT (no BatchNorm) stays short of it: FedSGD seed
 # 0, 8 targets, gap over random images 0.106 at the defaults, 0.069 at tv 0.05, 0.112 at tv 0.5, 0.087 at lr 0.03,
 # 0.101 with per-parameter cosines, 0.118 at 1,000 iterations (2026-11-26); APRIL is the ViT's attack (SSIM 1.0).
+# At 2,000 iterations (session 2026-11-28, FedSGD, 3 seeds x 8 targets, the control's own bootstrap): gap 0.163,
+# lower end 0.074 (tv 0.2); 0.164, lower end 0.082 (tv 1.0); ~5x a cell's time, and the control still fails: the
+# reconstructions hold each patch's colours in the wrong place (ViT inversion's patch-order ambiguity; Hatamizadeh
+# et al. 2022, GradViT, add a patch prior for it), and one target (0.6-0.7) carries most of the mean.
 # 300 stays; the `paper` preset runs [FLRSP]'s 24,000.
 INVERSION_ITERATIONS = {"smoke": 60, "default": 300, "paper": 24_000}
 
