@@ -118,7 +118,7 @@ def progress_bar(*, total: float, desc: str = "", unit: str = "it", weighted: bo
         disable=os.environ.get("BENCH_QUIET") == "1",
         dynamic_ncols=True,
         mininterval=1.0,
-        smoothing=0.0 if weighted else 0.3,
+        **({"smoothing": 0.0} if weighted else {}),  # else tqdm's own default
         bar_format=fmt,
     )
 
