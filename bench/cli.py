@@ -22,6 +22,7 @@ from .progress import silence_third_party
 from .registry import ATTACKS, DEFENSES, SCENARIOS, UsageError, expand, unique_names, unknown_message
 from .store import Store
 from .task import PRESETS, check_preset
+from .types import VIEWS
 
 # Default wall-clock budget per unit (one training run or one attack cell), by preset.
 CELL_TIMEOUT_S = {"smoke": 900.0, "default": 4 * 3600.0, "paper": 24 * 3600.0}
@@ -93,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also redo the selected cells whose records were started before TIME (ISO 8601, UTC unless it has "
         "an offset, e.g. 2026-11-28T07:00), e.g. after changing a method's code; give the same TIME to resume",
     )
+    r.add_argument(
+        "--view",
+        default="all",
+        help=f"threat views to run: a comma list of {', '.join(VIEWS)}, or 'all' (default), e.g. only the view a "
+        "claim reads",
+    )
     r.add_argument("--verbose", action="store_true", help="show third-party loading output and warnings")
     ls = sub.add_parser("list", help="list scenarios, defenses, attacks, and which cells apply")
     ls.add_argument("--preset", default="smoke", help="preset used to build the scenarios for the matrix")
@@ -134,6 +141,17 @@ def scenario_names(arg: str) -> list[str]:
     if not names:
         raise UsageError(unknown_message("scenario", arg, SCENARIOS.names()))
     return unique_names(names, "scenario")
+
+
+def view_names(arg: str) -> tuple[str, ...] | None:
+    """``--view``: None for 'all', else the named views (each one of VIEWS, none twice)."""
+    if arg.strip() == "all":
+        return None
+    names = [v.strip() for v in arg.split(",") if v.strip()]
+    for n in names or [arg]:
+        if n not in VIEWS:
+            raise UsageError(unknown_message("view", n, [*VIEWS, "all"]))
+    return tuple(unique_names(names, "view"))
 
 
 def parse_seeds(raw: str) -> list[int]:
@@ -249,6 +267,7 @@ def idle_executor(jobs: int):
 def cmd_run(a) -> int:
     preset = check_preset(a.preset)
     seeds = parse_seeds(a.seeds)
+    views = view_names(a.view)
     redo = redo_time(a.redo_before)
     out = writable_dir(a.out)  # before any work: a bad --out fails now, not after training
     full = (a.grid or ("defaults" if preset == "smoke" else "full")) == "full"
@@ -265,14 +284,16 @@ def cmd_run(a) -> int:
 
     # every cell recorded already: plan over the declarations (bench.specs), no task built, no model library
     # imported; otherwise build them (may raise AssetMissing: still nothing written)
-    tasks = recorded_tasks(names, preset, precision, defenses, attacks, seeds, out, readonly=a.dry_run, redo=redo)
+    tasks = recorded_tasks(
+        names, preset, precision, defenses, attacks, seeds, out, readonly=a.dry_run, redo=redo, views=views
+    )
     recorded = tasks is not None
     if tasks is None:
         tasks = build_tasks(names, preset, precision)
 
     if a.dry_run:  # the plan only: nothing is written (a damaged record is reported, not moved), no worker started
         store, costs = Store(out, readonly=True), CostModel.from_records(out, readonly=True, device=device)
-        pl = make_plan(plan(tasks, defenses, attacks, seeds), store, costs, jobs=jobs, redo_before=redo)
+        pl = make_plan(plan(tasks, defenses, attacks, seeds, views=views), store, costs, jobs=jobs, redo_before=redo)
         print(pl.render())
         return 0
     executor = idle_executor(jobs) if recorded else make_executor(a, jobs, cfg)
@@ -286,6 +307,7 @@ def cmd_run(a) -> int:
         device=device,
         on_plan=lambda pl: print(pl.render()),
         redo_before=redo,
+        views=views,
     )
     c = summary.counts
     print(
@@ -340,11 +362,12 @@ def recorded_tasks(
     *,
     readonly: bool = False,
     redo=None,
+    views=None,
 ) -> list | None:
     """The scenarios' declared tasks (bench.specs) when every cell they plan is finished (ok or n/a) in ``out``,
     so a fully cached re-run builds none; None when a cell is to run, a scenario declares no configuration at
     this preset, or declaring fails (building then runs, or reports the problem). ``readonly``: damaged records
-    are skipped, not quarantined (a dry run); ``redo``: --redo-before's time."""
+    are skipped, not quarantined (a dry run); ``redo``: --redo-before's time; ``views``: --view's views."""
     from .runner import plan
     from .runplan import Done
     from .specs import configured, declared
@@ -360,7 +383,7 @@ def recorded_tasks(
             if not configured(decl):
                 return None
             mine = [with_precision(d, precision) for d in decl or ()]
-            cells = plan(mine, defenses, attacks, seeds)
+            cells = plan(mine, defenses, attacks, seeds, views=views)
             if not all(c.error is None and done(c) for c in cells):
                 return None
             tasks.extend(mine)

@@ -12,6 +12,7 @@ import os
 import random
 import time
 import traceback
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -132,7 +133,16 @@ def _applies(method: Defense | Attack, api) -> tuple[str | None, str | None]:
         return None, f"{method.name}.applies() raised {type(e).__name__}: {e}"
 
 
-def plan(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seeds: list[int]) -> list[Cell]:
+def plan(
+    tasks: list[Task],
+    defenses: list[Defense],
+    attacks: list[Attack],
+    seeds: list[int],
+    *,
+    views: Collection[str] | None = None,
+) -> list[Cell]:
+    """The matrix's cells: every task x seed x attack x (base model and each defense) x view; ``views``: only
+    the cells in these threat views (``bench run --view``), e.g. to spend compute on the view a claim reads."""
     cells: list[Cell] = []
     for task in tasks:
         for seed in seeds:
@@ -146,8 +156,8 @@ def plan(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seed
                         cells.append(Cell(task, None, attack, base_view, seed, na=a_na, error=a_err))
                 for defense in defenses:
                     d_na, d_err = _applies(defense, task.api)
-                    views = [v for v in attack.views if v in views_of(defense)]
-                    if not views:
+                    seen = [v for v in attack.views if v in views_of(defense)]
+                    if not seen:
                         cells.append(
                             Cell(
                                 task,
@@ -160,7 +170,7 @@ def plan(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seed
                             )
                         )
                         continue
-                    for view in views:
+                    for view in seen:
                         mode = run_mode(task.fl, defense)
                         v_na = (
                             (
@@ -173,7 +183,7 @@ def plan(tasks: list[Task], defenses: list[Defense], attacks: list[Attack], seed
                         cells.append(
                             Cell(task, defense, attack, view, seed, na=d_na or a_na or v_na, error=d_err or a_err)
                         )
-    return cells
+    return cells if views is None else [c for c in cells if c.view in views]
 
 
 @dataclass
@@ -480,19 +490,21 @@ def run(
     on_plan=None,
     device: str = "cpu",
     redo_before: datetime | None = None,
+    views: Collection[str] | None = None,
 ) -> RunSummary:
     """Run every unfinished cell of the matrix through ``executor`` (default: in this process).
 
     ``estimator`` (bench.runplan.CostModel) weights the progress bar; ``on_plan(plan)`` is called with the
     plan (bench.runplan.Plan) before anything runs; ``redo_before``: cells whose records started before it run
-    again (bench.runplan.Done). Records are written by whoever finishes a cell."""
+    again (bench.runplan.Done); ``views``: only the cells in these threat views. Records are written by whoever
+    finishes a cell."""
     from .runplan import CostModel, make_plan
 
     out = Path(out)
     store = Store(out)
     executor = executor or InlineExecutor()
     estimator = estimator or CostModel.from_records(out, device=device)
-    cells = plan(tasks, defenses, attacks, seeds)
+    cells = plan(tasks, defenses, attacks, seeds, views=views)
     broken = [c for c in cells if c.error]  # recorded failed below, never run
     pl = make_plan([c for c in cells if not c.error], store, estimator, jobs=executor.jobs, redo_before=redo_before)
     if on_plan is not None:

@@ -192,6 +192,10 @@ MALFORMED = [
     (["--scenario", "nope"], "unknown scenario 'nope'"),
     (["--scenario", ""], "unknown scenario ''"),
     (["--preset", "huge"], "Valid choices: smoke, default, paper"),
+    (["--view", "nope"], "unknown view 'nope'"),
+    (["--view", "global"], "Did you mean 'global_model'"),
+    (["--view", ","], "Valid choices: global_model, client_model, client_update, released_model, all"),
+    (["--view", "client_model,client_model"], "view 'client_model' is given twice"),
     (["--grid", "some"], "invalid choice: 'some'"),
     # seeds
     (["--seeds", "0"], f"--seeds must be a positive integer (at most {MAX_SEEDS}; seeds 0..N-1), a range A-B"),

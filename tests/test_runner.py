@@ -55,6 +55,20 @@ def test_matrix_records_every_cell_with_status(tmp_path):
     assert summary.counts["failed"] == sum(r["status"] == "failed" for r in recs)
 
 
+def test_a_view_filter_runs_only_that_views_cells_and_a_later_full_run_adds_the_rest(tmp_path):
+    task = toy_task()
+    defenses, attacks = [FedAvg()], [ToyLossMIA()]
+    everything = plan([task], defenses, attacks, [0])
+
+    run([task], defenses, attacks, [0], tmp_path, views=("client_model",))
+    first = {(r["defense_label"], r["view"]) for r in records(tmp_path)}
+    summary = run([task], defenses, attacks, [0], tmp_path)
+
+    assert {"client_model"} < {c.view for c in everything}  # the filter leaves cells out
+    assert first == {(c.defense.name if c.defense else "base", c.view) for c in everything if c.view == "client_model"}
+    assert summary.counts["skipped"] == len(first) and summary.counts["ok"] == len(everything) - len(first)
+
+
 def test_rerun_skips_finished_and_redoes_lost_cells(tmp_path):
     task = toy_task()
     defenses, attacks = [FedAvg()], [ToyLossMIA()]
