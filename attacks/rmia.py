@@ -62,6 +62,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from bench.params import param
+from bench.progress import progress
 from bench.reference import population_reason
 from bench.registry import register_attack
 from bench.signals import loss_timesteps, per_sample_losses
@@ -212,11 +213,22 @@ class RMIA(Attack):
                 1,
             )
 
-        lx, lz = losses(obs.model, qx, "candidates"), losses(obs.model, qz, "z")
-        lx_refs = torch.stack([losses(m, qx, f"ref{r} candidates") for r, m in enumerate(refs)], 1)  # [N, R, Q]
-        lz_refs = torch.stack([losses(m, qz, f"ref{r} z") for r, m in enumerate(refs)], 1)
+        # every (model, items) pass as one loop, so a running cell reports how far it is (bench.progress)
+        passes = [("candidates", obs.model, qx), ("z", obs.model, qz)]
+        passes += [(f"ref{r} {w}", m, q) for w, q in (("candidates", qx), ("z", qz)) for r, m in enumerate(refs)]
+        data, fixed = self._tuning(obs, refs)
+        if data is not None:
+            passes += [(f"tuning ref{r}", m, [data.members + data.nonmembers]) for r, m in enumerate(refs)]
+        got = {w: losses(m, q, w) for w, m, q in progress(passes, desc="rmia passes", leave=False, unit=True)}
+        lx, lz = got["candidates"], got["z"]
+        lx_refs = torch.stack([got[f"ref{r} candidates"] for r in range(len(refs))], 1)  # [N, R, Q]
+        lz_refs = torch.stack([got[f"ref{r} z"] for r in range(len(refs))], 1)
         p = lambda loss: torch.exp(-loss)  # noqa: E731 - p(x | theta), module doc
-        a, tuned = self._offline_a(obs, refs, p(lz_refs[..., 0]), steps)
+        if fixed is None:
+            pt = p(torch.stack([got[f"tuning ref{r}"][:, 0] for r in range(len(refs))], 1))
+            a, tuned = self._tuned_a(data, pt, p(lz_refs[..., 0]))
+        else:
+            a, tuned = fixed
         nq = range(len(queries))
         rmia = [
             rmia_scores(p(lx[:, q]), p(lx_refs[..., q]), p(lz[:, q]), p(lz_refs[..., q]), a=a, gamma=self.gamma)
@@ -254,24 +266,26 @@ class RMIA(Attack):
             cache=obs.signals,
         ).mean(1)
 
-    def _offline_a(self, obs: Observation, refs: list, pz_refs: Tensor, steps: Any) -> tuple[float, Any]:
-        """(a, where it came from): the set ``a``; else tuned on the reference models (:func:`tune_a`), or
-        :data:`UNTUNED_A` where there is nothing to tune on."""
+    def _tuning(self, obs: Observation, refs: list) -> tuple[Any, tuple[float, Any] | None]:
+        """(reference 0's tuning members / non-members from bench.reference, None) when ``a`` is tuned; (None,
+        (a, where it came from)) for the set ``a``, or :data:`UNTUNED_A` where there is nothing to tune on."""
         if self.a is not None:
-            return float(self.a), "set"
+            return None, (float(self.a), "set")
         data = obs.reference.tuning(len(refs), self.n_tune) if obs.reference is not None else None
         if data is None:
-            return UNTUNED_A, "not tuned (a base-model target or one reference model): the code's default"
+            return None, (UNTUNED_A, "not tuned (a base-model target or one reference model): the code's default")
         outs = data.out.any(1)
         if not outs[: len(data.members)].any() or not outs[len(data.members) :].any():
-            return UNTUNED_A, (
+            return None, (
+                UNTUNED_A,
                 "not tuned (no member and non-member of reference 0 that another reference model did not train on: "
-                "the population's training pool is too small): the code's default"
+                "the population's training pool is too small): the code's default",
             )
-        items = data.members + data.nonmembers
-        pt = torch.exp(
-            -torch.stack([self._losses(obs, m, items, steps, f"tuning ref{r}") for r, m in enumerate(refs)], 1)
-        )
+        return data, None
+
+    def _tuned_a(self, data: Any, pt: Tensor, pz_refs: Tensor) -> tuple[float, Any]:
+        """(a, how) tuned on the reference models (:func:`tune_a`) from their signals ``pt`` [M, R] on ``data``'s
+        items (members then non-members)."""
         member = torch.tensor([True] * len(data.members) + [False] * len(data.nonmembers))
         out = torch.from_numpy(data.out)
         a, aurocs = tune_a(pt, out, member, pz_refs, gamma=self.gamma)

@@ -16,6 +16,7 @@ from torch.utils.data import ConcatDataset, Dataset, Subset
 
 from .fl import TrainResult, client_model_state, current, load_state
 from .metrics import mean_ci, membership_metrics, membership_point, reconstruction_metrics, to_unit
+from .progress import progress, stage
 from .reference import Reference
 from .signal_cache import group_cache
 from .task import Task
@@ -311,13 +312,16 @@ def run_membership(
     primary = ""
     details: dict[str, Any] = {}  # Scores.details per scoring model (client view: per client)
     used: dict[str, Any] | None = None  # the reference-model attacker's stated knowledge
-    for part in parts:
+    # the cell's main loop (bench.progress): one part per scored model, the attack's own loops nested in it
+    for part in progress(parts, desc=f"{attack.name} {view}", leave=False, unit=True):
         cands = [("m", i) for i in part.members] + [("n", i) for i in part.nonmembers]
         order = np.random.default_rng([seed, 1 + (part.client or 0)]).permutation(len(cands))
-        obs = membership_observation(task, defense, attack, view, part, pool, seed, cache_root=cache_root)
+        with stage(0, 3):  # three steps of a part: its model, the candidates' scores, the aux threshold's
+            obs = membership_observation(task, defense, attack, view, part, pool, seed, cache_root=cache_root)
         reference = obs.reference
         torch.manual_seed(seed)
-        out = attack.run(obs, [item(cands[o]) for o in order])
+        with stage(1, 3):
+            out = attack.run(obs, [item(cands[o]) for o in order])
         if not isinstance(out, Scores):
             raise TypeError(f"membership attack {attack.name} returned {type(out).__name__}, expected Scores")
         at = [pos[cands[o]] for o in order]
@@ -330,7 +334,8 @@ def run_membership(
         primary = out.primary
         if out.details:
             details["all" if part.client is None else str(part.client)] = out.details
-        thresholds[at] = _aux_threshold(attack, out, obs, part, pool, task, seed, uses_aux)
+        with stage(2, 3):
+            thresholds[at] = _aux_threshold(attack, out, obs, part, pool, task, seed, uses_aux)
         used = reference.used if reference is not None else None
         del obs, reference, out  # this client's model and reference models go before the next client's are built
     # Candidates of clients without a kept state are dropped (large models keep one client).

@@ -74,6 +74,23 @@ def unit_fraction() -> float:
     return f
 
 
+@contextlib.contextmanager
+def stage(i: int, n: int) -> Iterator[None]:
+    """Within: step ``i`` of ``n`` of the current tracked loop's iteration, so the loops run inside it refine
+    that step's share of the fraction instead of restarting it (a cell's model building, scoring and threshold
+    passes run one after another in one iteration). Outside a unit's main loop it does nothing."""
+    stack = _UNIT["stack"]
+    if _UNIT["report"] is None or not stack:
+        yield
+        return
+    frame = [i, n]
+    stack.append(frame)
+    try:
+        yield
+    finally:
+        del stack[next(k for k, f in enumerate(stack) if f is frame)]
+
+
 def _tracked(it: Iterable[T], n: int | None, unit: bool, desc: str = "") -> Iterator[T]:
     stack = _UNIT["stack"]
     if _UNIT["report"] is not None and n and desc and not (unit or stack):  # a unit's set-up loop

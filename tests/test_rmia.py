@@ -573,3 +573,26 @@ def test_a_population_too_small_for_reference_runs_is_named_in_the_plan(tmp_path
     assert pl.references == 0 and not pl.needs_reference
     assert len(pl.unplannable) == 1 and "population has 64 items" in pl.unplannable[0]
     assert "reference runs cannot be planned" in pl.render()
+
+
+@pytest.mark.parametrize("view", ["global_model", "client_model"])
+def test_a_running_rmia_cell_reports_a_fraction_that_only_grows(trained, tmp_path, monkeypatch, view):
+    # arrange: a cell inside a work unit that reports at every step (bench.runner's bar follows the fractions),
+    # its reference runs already cached (bench.runner trains them as units of their own, before the cell)
+    import bench.progress
+    from bench.progress import unit_progress
+
+    task, defense, train = trained
+    run_membership(task, defense, RMIA(), view, train, 0, cache_root=tmp_path)
+    monkeypatch.setattr(bench.progress, "REPORT_S", 0.0)
+    reports: list = []
+
+    # act
+    with unit_progress(reports.append):
+        run_membership(task, defense, RMIA(), view, train, 0, cache_root=tmp_path)
+
+    # assert: fractions, not set-up text, through every part (client) and pass (target, reference models, tuning)
+    fractions = [r for r in reports if isinstance(r, float)]
+    assert not [r for r in reports if isinstance(r, str)]
+    assert len(fractions) >= 2 + 2 * 2 + 2 and fractions == sorted(fractions) and 0.0 <= max(fractions) < 1.0
+    assert max(fractions) > 0.9  # the last pass of the last part is reported, not only the first ones
