@@ -28,7 +28,7 @@ from .device import autocast, precision_of
 from .fl import run_mode, seeded_fedsgd
 from .one_run_audit import record_bound as one_run_record
 from .params import check_privacy
-from .progress import REPORT_S, progress_bar, unit_progress
+from .progress import REPORT_S, unit_progress
 from .reference import default_count, reference_count
 from .reference import identities as reference_identities
 from .run_state import resolve_delta
@@ -36,6 +36,7 @@ from .store import Store, provenance, stable_hash, utc_stamp
 from .task import Task
 from .training import get_training, identity, label, train_key
 from .types import Attack, Defense, n_items, params_of
+from .workbar import WorkBar
 
 # What records written before ``attack_resolved`` (schema revision 5) were made with: the scenarios' inversion
 # budgets (bench/scenarios/image_cls.py INVERSION_ITERATIONS, unchanged since 487459f and so for every record
@@ -530,54 +531,11 @@ def run(
             device,
         )
 
-    bar = progress_bar(total=max(pl.est_total_s, 1e-9), desc="work", unit="s", weighted=True)
+    wb = WorkBar(pl.est_total_s)
     pending: dict[Any, tuple[Unit, list[Cell]]] = {}
-    running: dict[str, Unit] = {}  # by key: the units submitted and not finished
-    shown: dict[str, float] = {}  # by key: the fraction of its cost already on the bar
-    moved = [0.0]  # seconds of estimated work on the bar so far
-    labels: dict[str, str] = {}  # by key: what a training or reference unit is, for the bar's postfix
-    active: dict[str, float] = {}  # by key: when a labelled unit last reported progress (it is running)
-    shown_text = [""]  # the postfix naming the running units; "" while it shows something else
-
-    def show_running(key: str) -> None:
-        """The postfix names the labelled units that reported within the last few seconds (a unit waiting in
-        the executor's queue never reports), so it never shows a finished unit's set-up step."""
-        now = time.monotonic()
-        active[key] = now
-        text = ", ".join(labels[k] for k, t in active.items() if k in labels and now - t < 10 * REPORT_S)
-        text = text if len(text) <= 90 else text[:87] + "..."
-        if text and text != shown_text[0]:
-            shown_text[0] = text
-            bar.set_postfix_str(text)
-
-    def move(seconds: float) -> None:  # never past the total (rounding in the units' cost sum made tqdm warn)
-        step = max(0.0, min(seconds, bar.total - moved[0]))
-        moved[0] += step
-        bar.update(step)
-
-    def advance(key: str, fraction: float | str) -> None:
-        """A running unit reports it is ``fraction`` done: the bar moves by that share of its cost, never
-        back and never beyond it (the rest lands when the unit finishes); a string is its set-up step."""
-        u = running.get(key)
-        if isinstance(fraction, str):
-            if u is not None:
-                bar.set_postfix_str(fraction)
-                shown_text[0] = ""
-            return
-        show_running(key)
-        fraction = min(max(float(fraction), 0.0), 1.0)
-        if u is not None and fraction > shown.get(key, 0.0):
-            move((fraction - shown.get(key, 0.0)) * u.cost)
-            shown[key] = fraction
-
-    def finish(u: Unit) -> None:
-        running.pop(u.key, None)
-        labels.pop(u.key, None)
-        active.pop(u.key, None)
-        move(u.cost * (1.0 - shown.pop(u.key, 0.0)))
 
     if hasattr(executor, "on_progress"):
-        executor.on_progress = advance
+        executor.on_progress = wb.advance
     poll = getattr(executor, "poll_progress", None)
 
     # cells wait for the units they need (their group's training run; a reference-model attack's cells
@@ -606,21 +564,22 @@ def run(
                     skel = c.skeleton()
                     write_failed(store, skel, failure, traceback=traceback_)
                     summary.fail(skel, failure)
-                    move(estimator.cell_cost(c))
+                    wb.move(estimator.cell_cost(c))
                 continue
             entry["keys"].discard(key)
             if not entry["keys"]:
                 fanout(entry["cells"])
 
     def submit(u: Unit, group: list[Cell]) -> None:
-        running[u.key] = u
+        label = ""
         if u.kind != "cell" and group:
             what = "training" if u.kind == "train" else f"reference run {u.ref_index}"
-            labels[u.key] = f"{what} {group[0].defense_label} seed {u.seed}"
+            label = f"{what} {group[0].defense_label} seed {u.seed}"
+        wb.start(u, label)
         try:
             pending[executor.submit(ship(u))] = (u, group)
         except ValueError as e:  # the unit cannot be shipped (no task source): fail its cells
-            running.pop(u.key, None)
+            wb.drop(u.key)
             if u.kind != "cell":
                 unblock(u.key, f"not run: {e}")
                 return
@@ -692,14 +651,14 @@ def run(
         while pending:
             done, _ = cf.wait(list(pending), timeout=REPORT_S if poll else None, return_when=cf.FIRST_COMPLETED)
             for key, fraction in poll() if poll else ():
-                advance(key, fraction)
+                wb.advance(key, fraction)
             for fut in done:
                 unit, group = pending.pop(fut)
                 try:
                     res = fut.result()
                 except Exception as e:  # noqa: BLE001 - an executor-level error (e.g. a Ray worker lost)
                     res = {"status": "failed", "reason": f"executor error: {type(e).__name__}: {e}", "written": False}
-                finish(unit)
+                wb.finish(unit)
                 phase = {"train": "training", "reference": "reference runs"}.get(unit.kind) or unit.attack.name  # type: ignore[union-attr]
                 summary.by_phase[phase] = summary.by_phase.get(phase, 0.0) + float(res.get("wall_s") or 0.0)
                 if unit.kind != "cell":
@@ -715,13 +674,12 @@ def run(
                     summary.fail(unit.skeleton, res["reason"])
                 else:
                     summary.counts[res["status"]] += 1
-                bar.set_postfix_str(f"{group[0].defense_label} x {unit.attack.name}/{unit.view}: {res['status']}")
-                shown_text[0] = ""
+                wb.note(f"{group[0].defense_label} x {unit.attack.name}/{unit.view}: {res['status']}")
     except KeyboardInterrupt:  # finished records stay; the rest is redone by the next run
         executor.shutdown(kill=True)
         raise
     finally:
-        bar.close()
+        wb.close()
         executor.shutdown()
     summary.wall_s = time.time() - t0
     return summary

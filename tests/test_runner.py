@@ -156,10 +156,10 @@ class RecordingBar:
 
 def test_the_bar_moves_within_a_training_unit_and_never_beyond_the_work(tmp_path, monkeypatch):
     import bench.progress
-    import bench.runner
+    import bench.workbar
 
     bars = []
-    monkeypatch.setattr(bench.runner, "progress_bar", lambda **kw: bars.append(RecordingBar(**kw)) or bars[-1])
+    monkeypatch.setattr(bench.workbar, "progress_bar", lambda **kw: bars.append(RecordingBar(**kw)) or bars[-1])
     monkeypatch.setattr(bench.progress, "REPORT_S", 0.0)  # report at every step of the toy run
     task = toy_task(rounds=3)
 
@@ -189,10 +189,10 @@ class SlowSetUp(FedAvg):
 
 def test_a_units_set_up_loop_shows_on_the_bar(tmp_path, monkeypatch):
     import bench.progress
-    import bench.runner
+    import bench.workbar
 
     bars = []
-    monkeypatch.setattr(bench.runner, "progress_bar", lambda **kw: bars.append(RecordingBar(**kw)) or bars[-1])
+    monkeypatch.setattr(bench.workbar, "progress_bar", lambda **kw: bars.append(RecordingBar(**kw)) or bars[-1])
     monkeypatch.setattr(bench.progress, "REPORT_S", 0.0)
 
     run([toy_task(rounds=2)], [SlowSetUp()], [ToyLossMIA()], [0], tmp_path)

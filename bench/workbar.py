@@ -1,0 +1,82 @@
+"""The run's cost-weighted "work" bar (bench.runner.run): each unit (training run, reference run, attack cell)
+moves it by its estimated cost (bench.runplan.CostModel), a running unit by the fraction it reports
+(bench.progress), never back and never beyond its cost; the postfix names the units that are running."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .progress import REPORT_S, progress_bar
+
+
+class WorkBar:
+    """One run's bar and what it has shown: per running unit, the fraction of its cost already on the bar."""
+
+    def __init__(self, total_s: float) -> None:
+        self.bar = progress_bar(total=max(total_s, 1e-9), desc="work", unit="s", weighted=True)
+        self.running: dict[str, Any] = {}  # by key: the units submitted and not finished (bench.runner.Unit)
+        self._shown: dict[str, float] = {}  # by key: the fraction of its cost already on the bar
+        self._moved = 0.0  # seconds of estimated work on the bar so far
+        self._labels: dict[str, str] = {}  # by key: what a training or reference unit is, for the postfix
+        self._active: dict[str, float] = {}  # by key: when a labelled unit last reported progress (it runs)
+        self._text = ""  # the postfix naming the running units; "" while it shows something else
+
+    def start(self, unit: Any, label: str = "") -> None:
+        """``unit`` is submitted; ``label`` names it in the postfix while it reports progress."""
+        self.running[unit.key] = unit
+        if label:
+            self._labels[unit.key] = label
+
+    def drop(self, key: str) -> None:
+        """A unit that could not be submitted after all."""
+        self.running.pop(key, None)
+        self._labels.pop(key, None)
+
+    def move(self, seconds: float) -> None:
+        """Advance by ``seconds`` of estimated work, never past the total (rounding in the units' cost sum
+        made tqdm warn)."""
+        step = max(0.0, min(seconds, self.bar.total - self._moved))
+        self._moved += step
+        self.bar.update(step)
+
+    def advance(self, key: str, fraction: float | str) -> None:
+        """A running unit reports it is ``fraction`` done: the bar moves by that share of its cost, never
+        back and never beyond it (the rest lands when the unit finishes); a string is its set-up step."""
+        u = self.running.get(key)
+        if isinstance(fraction, str):
+            if u is not None:
+                self.note(fraction)
+            return
+        self._show_running(key)
+        fraction = min(max(float(fraction), 0.0), 1.0)
+        if u is not None and fraction > self._shown.get(key, 0.0):
+            self.move((fraction - self._shown.get(key, 0.0)) * u.cost)
+            self._shown[key] = fraction
+
+    def finish(self, unit: Any) -> None:
+        """``unit`` finished: the rest of its cost lands."""
+        self.running.pop(unit.key, None)
+        self._labels.pop(unit.key, None)
+        self._active.pop(unit.key, None)
+        self.move(unit.cost * (1.0 - self._shown.pop(unit.key, 0.0)))
+
+    def note(self, text: str) -> None:
+        """Show ``text`` in the postfix until the running units are named again."""
+        self.bar.set_postfix_str(text)
+        self._text = ""
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def _show_running(self, key: str) -> None:
+        """The postfix names the labelled units that reported within the last few seconds (a unit waiting in
+        the executor's queue never reports), so it never shows a finished unit's set-up step."""
+        now = time.monotonic()
+        self._active[key] = now
+        fresh = [k for k, t in self._active.items() if k in self._labels and now - t < 10 * REPORT_S]
+        text = ", ".join(self._labels[k] for k in fresh)
+        text = text if len(text) <= 90 else text[:87] + "..."
+        if text and text != self._text:
+            self._text = text
+            self.bar.set_postfix_str(text)
