@@ -371,7 +371,7 @@ def check_defense_config(
     defense: Defense, task: Task, report: Report, *, seed: int = 0, budget_s: float = TIME_BUDGET_S
 ) -> None:
     """Train twice on ``task`` (already shrunk) and record every check in ``report``."""
-    from .runner import views_of
+    from .matrix import views_of
     from .training import build_trained_model
 
     setting_ok = defense.setting in ("federated", "central")
@@ -662,7 +662,7 @@ class _Bad(Exception):
 
 
 def _check_resolved(report: Report, attack: Attack, task: Task) -> None:
-    """``resolved(task)`` (bench.runner.Cell.expected keeps it in the record): plain values, keyed by fields the
+    """``resolved(task)`` (bench.matrix.Cell.expected keeps it in the record): plain values, keyed by fields the
     configuration leaves at None."""
     try:
         res = attack.resolved(task.api) if hasattr(attack, "resolved") else {}

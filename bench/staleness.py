@@ -1,5 +1,5 @@
 """Which stored records the current code would redo: those whose resolved fields differ from what their cell now
-expects (``bench.runner.Cell.expected``: an earlier protocol, inversion budget, reference count or parameter
+expects (``bench.matrix.Cell.expected``: an earlier protocol, inversion budget, reference count or parameter
 default), the check ``bench run`` makes before skipping a cell, made here from the records alone (the scenarios'
 declarations, ``bench.specs``; no task is built, no training cache read). The leaderboard leaves them out, as it
 does records of a superseded task configuration, and says how many: pooling them with current records would put
@@ -53,8 +53,8 @@ def _tasks(scenario: str, preset: str, memo: dict) -> dict[str, Any]:
 
 def check(records: Iterable[dict]) -> Staleness:
     """The finished records (``ok`` / ``n/a``) whose cell, rebuilt from the record, expects other field values."""
+    from .matrix import Cell
     from .registry import ATTACKS, DEFENSES
-    from .runner import Cell
     from .store import mismatch
 
     out = Staleness()

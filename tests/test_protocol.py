@@ -23,8 +23,8 @@ from bench.cells import (
     target_ids,
 )
 from bench.fl import run_federated
+from bench.matrix import Cell, plan
 from bench.metrics import held_out_scores
-from bench.runner import Cell, plan
 from bench.types import Public, Reconstructions, Scores
 from defenses.fedavg import FedAvg
 from defenses.fixed_position import FixedPosition
@@ -342,7 +342,7 @@ def test_membership_records_name_each_candidates_class_for_the_one_run_audit():
 
 def test_a_changed_preset_reference_count_makes_rmia_records_stale(monkeypatch):
     # arrange: an RMIA cell that leaves R to the preset, and one that sets it
-    import bench.runner as runner
+    import bench.matrix as matrix
     from attacks.rmia import RMIA
 
     task = toy_task()
@@ -350,7 +350,7 @@ def test_a_changed_preset_reference_count_makes_rmia_records_stale(monkeypatch):
 
     # act: the preset default as every record was made with, then changed
     before = left.expected()["attack_resolved"]
-    monkeypatch.setattr(runner, "default_count", lambda preset: 3)
+    monkeypatch.setattr(matrix, "default_count", lambda preset: 3)
     after = left.expected()["attack_resolved"]
 
     # assert: absent while R is what earlier records used; recorded (so earlier records are stale) once it changes

@@ -47,7 +47,7 @@ def test_fixed_a_records_move_to_the_rmia_a03_cell_and_tuned_ones_stay(tmp_path)
 
 def test_the_cell_id_is_the_harness_cell_id():
     from attacks.rmia import RMIA
-    from bench.runner import Cell
+    from bench.matrix import Cell
     from defenses.fedavg import FedAvg
     from tests.toy import toy_task
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from bench.matrix import Cell
 from bench.registry import SCENARIOS
-from bench.runner import Cell
 from bench.specs import declared
 from bench.staleness import check
 from bench.store import jsonable

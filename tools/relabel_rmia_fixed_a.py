@@ -3,7 +3,7 @@
 Until commit bba03ed ``rmia`` used a fixed offline a = 0.3; it now tunes a per cell (attacks/rmia.py), so those
 records are stale as ``rmia``. They are exactly what ``rmia:a=0.3`` computes today (the code path for a set ``a``
 is unchanged), so rather than dropping them until the tuned cells are recomputed, this gives them that label and
-that cell id (``bench.runner.Cell.id``: labels omit defaults), keeping every other field. A record is moved only
+that cell id (``bench.matrix.Cell.id``: labels omit defaults), keeping every other field. A record is moved only
 when it names ``attack_params.a == 0.3`` under the label ``rmia`` and does not say where its a came from
 (``attack_details.rmia.a_from``, written since); an existing ``rmia(a=0.3)`` record is never overwritten.
 
@@ -22,7 +22,7 @@ NEW_LABEL = "rmia(a=0.3)"
 
 
 def cell_id(rec: dict, attack_label: str) -> str:
-    """``bench.runner.Cell.id`` of the record's cell under ``attack_label``."""
+    """``bench.matrix.Cell.id`` of the record's cell under ``attack_label``."""
     return stable_hash(
         {
             "task": rec["task"],
