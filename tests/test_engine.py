@@ -3,6 +3,7 @@ the plan (--dry-run) and the Ray executor, on the toy task and a cheap smoke sli
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -712,3 +713,27 @@ def test_the_work_bars_eta_is_the_average_rate_through_uneven_jumps(monkeypatch)
     # assert: remaining = elapsed x (left / done) = 400 x 899 / 101, not the last jump's 1 s per 300 s
     rate = d["rate"] if d["rate"] is not None else d["n"] / d["elapsed"]
     assert (d["total"] - d["n"]) / rate == pytest.approx(400 * 899 / 101, rel=1e-6)
+
+
+def test_stages_keep_sibling_loops_from_restarting_the_units_fraction(monkeypatch):
+    # arrange: two loops one after another in each iteration of a unit's main loop (a membership cell's scoring
+    # and aux-threshold passes)
+    import bench.progress
+    from bench.progress import progress, stage, unit_progress
+
+    monkeypatch.setattr(bench.progress, "REPORT_S", 0.0)
+    staged: list = []
+    bare: list = []
+
+    # act
+    for out, use in ((staged, True), (bare, False)):
+        with unit_progress(out.append):
+            for _ in progress(range(2), desc="parts", unit=True):
+                for i in range(2):
+                    with stage(i, 2) if use else contextlib.nullcontext():
+                        for _ in progress(range(4), desc="pass"):
+                            pass
+
+    # assert: staged, the fraction only grows, to the last pass of the last part; bare, the second loop restarts it
+    assert staged == sorted(staged) and len(staged) == 2 * (1 + 2 * 4) and staged[-1] == 1 / 2 + 1 / 4 + 3 / 16
+    assert bare != sorted(bare)
