@@ -498,6 +498,36 @@ def test_a_utility_clause_is_decided_on_a_seed_paired_interval(tmp_path, losses,
     assert row["verdict"] == verdict and word in row["evidence"], row["evidence"]
 
 
+def test_a_utility_clause_takes_every_seeds_training_run_not_only_the_seeds_its_attack_ran(tmp_path):
+    # arrange: MaxRenyi cells at seeds 0 and 1 (FedRand's test loss 1.7% worse at both), RMIA cells at seed 0 only
+    recs = _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.05)
+    recs += [r for r in _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.05, attack="rmia") if r["seed"] == 0]
+    res = write(tmp_path, recs)
+
+    # act
+    rows = [c for c in claims.evaluate(res) if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text"]
+
+    # assert: both rows decide utility on the same two training runs per defense
+    strongest = next(c for c in rows if c["attacks"].startswith("strongest"))
+    assert "comparable (loss" in strongest["evidence"] and "over 2 paired seeds" in strongest["evidence"]
+    assert strongest["verdict"] == "holds", strongest["evidence"]
+
+
+def test_a_seed_the_claims_cell_ran_keeps_the_training_run_that_cell_scored(tmp_path):
+    # arrange: at seed 0 the RMIA cell scored a later FedRand run (test loss 3.25) than the MaxRenyi cell (3.05)
+    recs = _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.05)
+    later = _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.25, attack="rmia")
+    recs += [r for r in later if r["seed"] == 0]
+
+    # act
+    rows = [c for c in claims.evaluate(write(tmp_path, recs)) if c["paper"].startswith("papers/000")]
+
+    # assert: the strongest row's utility is seed 0's RMIA run and seed 1's only run: mean (3.25 + 3.06) / 2
+    strongest = next(c for c in rows if c["scenario"] == "llm-text" and c["attacks"].startswith("strongest"))
+    assert "test_loss 3.15 vs fedavg 3" in strongest["evidence"], strongest["evidence"]
+    assert "(loss +0.050 [" in strongest["evidence"]  # the loss too: seed 0's (3.25 - 3) / 3 and seed 1's 0.05 / 3.01
+
+
 def test_a_claim_row_says_whether_its_scenario_is_the_papers_setting_or_an_extension(tmp_path):
     # arrange: FedRand's paper evaluated VLMs only; the suite also checks the claim on text LLMs
     res = write(tmp_path, _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.05))

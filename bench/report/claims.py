@@ -1,18 +1,19 @@
 """Each paper's headline claim, checked on the suite's measured records (never on reported numbers).
 
 A check returns clauses, each with its own verdict. A leakage clause ("X leaks less than Y") takes the paired
-difference of leakage (AUROC's distance from 0.5, or SSIM) on shared candidates and the claimed effect size
-(from the paper's own table where it gives one, else a stated smallest effect of interest): ``holds`` when the
-95% interval lies below 0; ``contradicted`` when it lies above 0 (the opposite direction), or when the test is
-powered for the claimed effect (minimum detectable effect, MDE = 2.8 x SE, at most the claimed effect) and the
-interval excludes it; otherwise ``inconclusive`` (MDE above the claimed effect: both are printed). A utility
-clause holds when the seed-paired interval of the utility loss lies within its stated tolerance and is
-contradicted when it lies beyond it (``bench.report.clauses.utility_loss``); a row whose utility collapsed never
-holds. A leakage clause measured in a view where the undefended baseline fails its positive control
+difference of leakage (AUROC's distance from 0.5, or SSIM) on shared candidates and the claimed effect size (from
+the paper's own table where it gives one, else a stated smallest effect of interest): ``holds`` when the 95%
+interval lies below 0; ``contradicted`` when it lies above 0 (the opposite direction), or when the test is powered
+for the claimed effect (minimum detectable effect, MDE = 2.8 x SE, at most the claimed effect) and the interval
+excludes it; otherwise ``inconclusive`` (MDE above the claimed effect: both are printed). A utility clause holds
+when the seed-paired interval of the utility loss lies within its stated tolerance and is contradicted when it lies
+beyond it (``bench.report.clauses.utility_loss``), over every seed whose training runs the task's records of both
+rows carry (utility belongs to the training run, whichever attack's cell recorded it); a row whose utility
+collapsed never holds. A leakage clause measured in a view where the undefended baseline fails its positive control
 (``bench.controls``: membership per task and view, reconstruction per attack) is ``inconclusive`` whatever its
-interval says: a baseline that does not leak there leaves nothing to stop. The control gates the clauses of its
-own view only, never a utility clause (a utility loss is measured whether or not anything leaks). Verdict of a
-claim per scenario and preset: ``not measured`` (no records for its cells); ``contradicted`` if any clause is;
+interval says: a baseline that does not leak there leaves nothing to stop. The control gates the clauses of its own
+view only, never a utility clause (a utility loss is measured whether or not anything leaks). Verdict of a claim
+per scenario and preset: ``not measured`` (no records for its cells); ``contradicted`` if any clause is;
 ``inconclusive`` if any clause is and none contradicted; ``holds`` if all do; a DP claim whose composed epsilon
 exceeds ``MEANINGFUL_EPSILON`` only ``holds only nominally``.
 

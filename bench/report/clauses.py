@@ -67,13 +67,22 @@ def _value(r: dict, key: str) -> float | None:
     return None if math.isnan(v) else v
 
 
+def _first_per_seed(recs: list[dict], key: str) -> dict[int, float]:
+    """Each seed's utility from its first record carrying it (as ``Results.per_seed``: a seed whose records come
+    from two training runs is read from the run its first record scored)."""
+    out: dict[int, float] = {}
+    for r in recs:
+        if (v := _value(r, key)) is not None:
+            out.setdefault(r["seed"], v)
+    return out
+
+
 def utility_loss(recs: list[dict], ref_recs: list[dict], key: str, *, relative: bool) -> Estimate | None:
     """How much worse ``recs`` is than ``ref_recs`` (positive = worse), paired by seed: the mean over the seeds
     both ran of each seed's loss (absolute, or relative to the reference's value), with a Student-t interval
     over those seeds (utility has one value per training run, so seeds are its only replication)."""
     lower = utility_name(key) in LOWER
-    mine = {r["seed"]: v for r in recs if (v := _value(r, key)) is not None}
-    ref = {r["seed"]: v for r in ref_recs if (v := _value(r, key)) is not None}
+    mine, ref = _first_per_seed(recs, key), _first_per_seed(ref_recs, key)
     losses = []
     for s in sorted(set(mine) & set(ref)):
         w = (mine[s] - ref[s]) if lower else (ref[s] - mine[s])
@@ -173,6 +182,14 @@ def _cells(res: Results, scenario: str, preset: str, defense: str, **kw) -> dict
     return out
 
 
+def _runs(cells: dict[tuple, list[dict]], key: tuple) -> list[dict]:
+    """The records of cell ``key``, then every other record of its task among ``cells`` (any attack, any view):
+    utility belongs to the training run, not to the cell, so a claim checked with an attack run at fewer seeds
+    still has every seed's utility; ``Results.per_seed`` takes a seed's first record, so a seed the cell itself
+    ran keeps the run it scored (an earlier run of that seed may sit in another cell's older records)."""
+    return cells[key] + [r for k, recs in cells.items() if k[0] == key[0] and k != key for r in recs]
+
+
 def leakage_comparisons(
     res: Results,
     scenario: str,
@@ -231,7 +248,7 @@ def leakage_comparisons(
                 f"{dtxt} ({how}), MDE {m:.3g} vs claimed effect {effect:.3g}" + (gate or f" -> {v}"),
             }
         )
-        u = utility_clause(res, a[key], b[key], util_rule, ref)
+        u = utility_clause(res, _runs(a, key), _runs(b, key), util_rule, ref)
         if u is not None:
             out.append(u)
     return out
