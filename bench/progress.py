@@ -75,20 +75,27 @@ def unit_fraction() -> float:
 
 
 @contextlib.contextmanager
+def _frame(i: int, n: int) -> Iterator[list[int]]:
+    """[done, items] on the unit's stack while inside (a tracked loop's position, or a stage)."""
+    stack = _UNIT["stack"]
+    frame = [i, n]
+    stack.append(frame)
+    try:
+        yield frame
+    finally:
+        del stack[next(k for k, f in enumerate(stack) if f is frame)]
+
+
+@contextlib.contextmanager
 def stage(i: int, n: int) -> Iterator[None]:
     """Within: step ``i`` of ``n`` of the current tracked loop's iteration, so the loops run inside it refine
     that step's share of the fraction instead of restarting it (a cell's model building, scoring and threshold
     passes run one after another in one iteration). Outside a unit's main loop it does nothing."""
-    stack = _UNIT["stack"]
-    if _UNIT["report"] is None or not stack:
+    if _UNIT["report"] is None or not _UNIT["stack"]:
         yield
         return
-    frame = [i, n]
-    stack.append(frame)
-    try:
+    with _frame(i, n):
         yield
-    finally:
-        del stack[next(k for k, f in enumerate(stack) if f is frame)]
 
 
 def _tracked(it: Iterable[T], n: int | None, unit: bool, desc: str = "") -> Iterator[T]:
@@ -99,9 +106,7 @@ def _tracked(it: Iterable[T], n: int | None, unit: bool, desc: str = "") -> Iter
     if _UNIT["report"] is None or not n or not (unit or stack):  # not inside a unit's main loop
         yield from it
         return
-    frame = [0, n]
-    stack.append(frame)
-    try:
+    with _frame(0, n) as frame:
         for i, x in enumerate(it):
             frame[0] = i
             now = time.monotonic()
@@ -109,8 +114,6 @@ def _tracked(it: Iterable[T], n: int | None, unit: bool, desc: str = "") -> Iter
                 _UNIT["last"] = now
                 _UNIT["report"](unit_fraction())
             yield x
-    finally:
-        del stack[next(k for k, f in enumerate(stack) if f is frame)]
 
 
 def _setup(it: Iterable[T], n: int, desc: str) -> Iterator[T]:
