@@ -137,6 +137,10 @@ SPECS = {
 # lower end 0.074 (tv 0.2); 0.164, lower end 0.082 (tv 1.0); ~5x a cell's time, and the control still fails: the
 # reconstructions hold each patch's colours in the wrong place (ViT inversion's patch-order ambiguity; Hatamizadeh
 # et al. 2022, GradViT, add a patch prior for it), and one target (0.6-0.7) carries most of the mean.
+# GradViT's patch prior alone (the L2 norms of the pixel differences across every patch border, weighted and added
+# to the TV term; FedSGD seed 0, 8 targets, gap over random images; session 2026-11-28, a scratch trial not kept):
+# 300 its: 0.079 without, 0.096 / 0.069 / 0.046 / 0.040 at weight 0.05 / 0.5 / 2 / 8; 1,000 its: 0.105 without,
+# 0.075 at 0.5. It does not lift the control; GradViT pairs it with a CNN's BatchNorm-statistics image prior.
 # 300 stays; the `paper` preset runs [FLRSP]'s 24,000.
 INVERSION_ITERATIONS = {"smoke": 60, "default": 300, "paper": 24_000}
 
