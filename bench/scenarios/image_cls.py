@@ -140,7 +140,10 @@ SPECS = {
 # GradViT's patch prior alone (the L2 norms of the pixel differences across every patch border, weighted and added
 # to the TV term; FedSGD seed 0, 8 targets, gap over random images; session 2026-11-28, a scratch trial not kept):
 # 300 its: 0.079 without, 0.096 / 0.069 / 0.046 / 0.040 at weight 0.05 / 0.5 / 2 / 8; 1,000 its: 0.105 without,
-# 0.075 at 0.5. It does not lift the control; GradViT pairs it with a CNN's BatchNorm-statistics image prior.
+# 0.075 at 0.5. It does not lift the control. GradViT's other prior, a CNN's BatchNorm statistics (the cached
+# pre-trained default ResNet34, eval mode, its BN layers' inputs of >= 4 positions matched to their running mean and
+# variance, L2; prior gradient scaled to w x the matching gradient's L1 before the sign; same protocol; session
+# 2026-11-28, scratch, not kept): 300 its: 0.079 without, 0.079 / 0.055 / 0.036 / 0.049 at w 0.1 / 0.3 / 1 / 3.
 # 300 stays; the `paper` preset runs [FLRSP]'s 24,000.
 INVERSION_ITERATIONS = {"smoke": 60, "default": 300, "paper": 24_000}
 
