@@ -491,6 +491,117 @@ def test_paper_preset_fails_at_once_without_the_model(monkeypatch, tmp_path):
     assert time.time() - t0 < 5
 
 
+def _fake_coco(root: Path, n_train: int, n_held: int) -> None:
+    """A tiny MSCOCO folder as the paper preset reads it: train2014/ and val2014/ images of assorted sizes and
+    Karpathy's dataset_coco.json (train / restval / val / test rows, five sentences each)."""
+    import json
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(n_train + n_held):
+        split = ("train", "restval")[i % 2] if i < n_train else ("val", "test")[i % 2]
+        folder = "train2014" if i < n_train else "val2014"
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        name = f"COCO_{folder}_{i:012d}.jpg"
+        Image.fromarray(rng.integers(0, 256, (40 + 3 * i, 60 + i, 3), dtype=np.uint8)).save(root / folder / name)
+        sentences = [{"raw": f" A photo of thing {i} number {j}. "} for j in range(5)]
+        rows.append({"filepath": folder, "filename": name, "split": split, "sentences": sentences})
+    (root / "dataset_coco.json").write_text(json.dumps({"images": rows}))
+
+
+class _PatchTower(torch.nn.Module):
+    """Stands in for TinyLLaVA's CLIP ViT-B/16 tower: 16-px patches of a 224-px image -> 196 tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Conv2d(3, 8, 16, stride=16)
+
+    def forward(self, x, *, vision_feature_layer, vision_feature_select_strategy):
+        assert x.shape[-2:] == (224, 224) and vision_feature_select_strategy == "patch"
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+@pytest.fixture()
+def paper_vlm(monkeypatch, tmp_path):
+    """The paper preset built on a fake MSCOCO folder and a tiny stand-in for TinyLLaVA (its loader,
+    ``vlm.tinyllava``, needs the real checkpoint's remote code), shrunk to 8 members / 3 non-members / 2 test."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from bench.scenarios import vlm_caption
+    from models import llm
+
+    tok = llm.default_tokenizer()
+    lm = llm.tiny_llama(tok, seed=3, hidden=32, layers=1, heads=2)
+    cfg = SimpleNamespace(vision_feature_layer=-2, vision_feature_select_strategy="patch")
+    monkeypatch.setattr(vlm, "tinyllava", lambda: (_PatchTower(), torch.nn.Linear(8, 32), lm, tok, cfg))
+    spec = vlm_caption.SPECS["paper"]
+    small = dataclasses.replace(
+        spec,
+        n_members=8,
+        n_nonmembers=3,
+        n_test=2,
+        fl=dataclasses.replace(spec.fl, num_clients=2, clients_per_round=2, rounds=1),
+        lora_targets=("q_proj", "v_proj"),
+        max_caption_tokens=16,
+        gen_items=2,
+        gen_tokens=4,
+    )
+    monkeypatch.setitem(vlm_caption.SPECS, "paper", small)
+    _fake_coco(tmp_path, n_train=10, n_held=7)
+    monkeypatch.setenv("BENCH_VLM_PAPER_DATA", str(tmp_path))
+    return vlm_caption, tok, tmp_path
+
+
+def test_paper_preset_reads_karpathy_split_from_local_files(paper_vlm):
+    import json
+
+    vlm_caption, tok, root = paper_vlm
+    (task,) = vlm_caption.build("paper")
+    rows = json.loads((root / "dataset_coco.json").read_text())["images"]
+    split = {r["filename"]: r["split"] for r in rows}
+    members = [r["filename"] for sub in task.client_data for r in (sub.dataset.rows[i] for i in sub.indices)]
+    held = [r["filename"] for r in task.nonmembers.rows] + [r["filename"] for r in task.test_data.rows]
+    assert sorted(members) == sorted(set(members)) and len(members) == 8 and len(held) == 5 == len(set(held))
+    assert {split[f] for f in members} <= {"train", "restval"} and {split[f] for f in held} <= {"val", "test"}
+    item = task.nonmembers[0]
+    assert item["image"].shape == (3, 224, 224) and 0.0 <= float(item["image"].min()) <= float(item["image"].max()) <= 1
+    assert item["caption"] == item["refs"][0] and len(item["refs"]) == 5 and item["refs"][0].startswith("A photo")
+    caption_ids = item["input_ids"][item["caption_mask"].bool()]
+    assert tok.decode(caption_ids).strip().startswith(item["caption"])  # the caption (then eos) is what is scored
+    assert task.api.caption.num_image_tokens == 196 and task.config["client_sizes"] == [4, 4]
+    assert task.api.num_layers == 1  # the stand-in LM's one block (OpenELM names it num_transformer_layers)
+
+
+def test_paper_preset_trains_a_round_and_scores_utility(paper_vlm):
+    from bench.fl import run_federated
+    from defenses.fedavg import FedAvg
+
+    vlm_caption, _, _ = paper_vlm
+    (task,) = vlm_caption.build("paper")
+    model, _ = run_federated(task, FedAvg(), seed=0)
+    trainable = [n for n, q in model.named_parameters() if q.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)  # LoRA on the LM only; tower and connector frozen
+    batch = task.api.collate([task.test_data[i] for i in range(2)])
+    assert torch.isfinite(task.api.loss(model, batch))
+    u = task.utility(model.eval())
+    assert np.isfinite(u["test_loss"]) and "cider" in u
+
+
+def test_paper_preset_names_missing_data_and_too_few_images(paper_vlm, monkeypatch, tmp_path):
+    vlm_caption, _, _ = paper_vlm
+    monkeypatch.delenv("BENCH_VLM_PAPER_DATA")
+    with pytest.raises(AssetMissing, match="BENCH_VLM_PAPER_DATA.*dataset_coco.json|dataset_coco.json"):
+        vlm_caption.build("paper")
+    few = tmp_path / "few"
+    _fake_coco(few, n_train=4, n_held=7)
+    monkeypatch.setenv("BENCH_VLM_PAPER_DATA", str(few))
+    with pytest.raises(ValueError, match="4 training / 7 held-out images, the preset needs 8 / 5"):
+        vlm_caption.build("paper")
+
+
 # ----------------------------------------------------------------------------------------------
 # default preset: a real pretrained encoder and LM ground their captions in the image
 
