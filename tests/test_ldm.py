@@ -1,6 +1,6 @@
 """The ldm-t2i scenario: grounded captions, the diffusers LDM and its LoRA, deterministic per-sample
-losses, the [SMP-LoRA] Table 4 splits, FID / KID, and the membership controls (an over-fitted LoRA is
-detectable by a loss threshold; the un-adapted base model is not)."""
+losses, the [SMP-LoRA] Table 4 splits, FID / KID, the paper preset's loaders on a tiny saved checkpoint, and the
+membership controls (an over-fitted LoRA is detectable by a loss threshold; the un-adapted base model is not)."""
 
 from __future__ import annotations
 
@@ -381,3 +381,165 @@ def test_utility_reports_loss_fid_kid(smoke_task):
     out = smoke_task.utility(smoke_task.api.build_model())
     assert set(out) >= {"heldout_denoise_loss", "fid_effnetlite0", "kid_effnetlite0"}
     assert all(np.isfinite(v) for v in out.values())
+
+
+# ----------------------------------------------------------------------------------------------
+# paper preset: SD v1.5 and the Pokemon images from local files, on a tiny checkpoint saved here
+
+REV = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _tiny_clip_tokenizer():
+    """The real CLIP BPE tokenizer class over single byte-level characters (no merges): small enough to save."""
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import CLIPTokenizer
+
+    chars = sorted(ByteLevel.alphabet())
+    vocab = {t: i for i, t in enumerate(chars + [c + "</w>" for c in chars] + ["<|startoftext|>", "<|endoftext|>"])}
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
+
+
+def _tiny_sd15(cache, hub_id: str = "bench-test/tiny-sd"):
+    """A Stable-Diffusion-v1.5-shaped checkpoint (vae / unet / scheduler / tokenizer / text_encoder subfolders),
+    tiny, laid out as the Hugging Face cache stores a snapshot."""
+    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    repo = cache / f"models--{hub_id.replace('/', '--')}"
+    snap = repo / "snapshots" / REV
+    torch.manual_seed(0)
+    AutoencoderKL(
+        block_out_channels=(8, 8),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        latent_channels=4,
+        norm_num_groups=4,
+        sample_size=32,
+    ).save_pretrained(snap / "vae")
+    UNet2DConditionModel(
+        sample_size=16,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=16,
+        attention_head_dim=4,
+        norm_num_groups=4,
+    ).save_pretrained(snap / "unet")
+    DDPMScheduler(num_train_timesteps=1000, beta_schedule="scaled_linear").save_pretrained(snap / "scheduler")
+    tok = _tiny_clip_tokenizer()
+    tok.save_pretrained(snap / "tokenizer")
+    cfg = CLIPTextConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=77,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    CLIPTextModel(cfg).save_pretrained(snap / "text_encoder")
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(REV)
+    return hub_id
+
+
+def _fake_pokemon(folder, n: int) -> None:
+    """``n`` captioned images (png + BLIP .txt) of assorted sizes, one image without a caption and a stray file."""
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(n + 1):
+        Image.fromarray(rng.integers(0, 256, (40 + i, 50, 3), dtype=np.uint8)).save(folder / f"{i:04d}.png")
+        if i < n:
+            (folder / f"{i:04d}.txt").write_text(f"a drawing of pokemon number {i}\n")
+    (folder / "README").write_text("not an image")
+
+
+@pytest.fixture()
+def paper_ldm(monkeypatch, tmp_path):
+    """The paper preset on a tiny SD-v1.5-shaped checkpoint and 12 fake Pokemon images, Table 4's splits shrunk
+    to 2 / 4 / 2 / 3 (D_aux^m / D_te^m / D_aux^nm / D_te^nm)."""
+    import functools
+
+    from huggingface_hub import constants
+
+    from bench.scenarios import ldm_t2i
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    hub_id = _tiny_sd15(tmp_path / "hub")
+    monkeypatch.setattr(ldm, "load_sd15", functools.partial(ldm.load_sd15, hub_id, REV))
+    paper = ldm_t2i.SPECS["paper"]
+    small = dataclasses.replace(
+        paper,
+        model=dataclasses.replace(paper.model, image_size=32, text_dim=16, lora_r=4, lora_alpha=4.0),
+        n_aux_m=2,
+        n_te_m=4,
+        n_aux_nm=2,
+        n_te_nm=3,
+        fl=dataclasses.replace(paper.fl, num_clients=2, clients_per_round=2, rounds=1, local_epochs=1),
+        central_epochs=1,
+        gen_steps=2,
+    )
+    monkeypatch.setitem(ldm_t2i.SPECS, "paper", small)
+    _fake_pokemon(tmp_path / "pokemon", 12)
+    monkeypatch.setenv("BENCH_LDM_PAPER_DATA", str(tmp_path / "pokemon"))
+    return ldm_t2i, hub_id, tmp_path
+
+
+def test_sd15_loader_real_path_on_a_tiny_checkpoint(paper_ldm):
+    from bench.assets import AssetMissing
+
+    _, hub_id, _ = paper_ldm
+    model, tok, te = ldm.load_sd15()
+    assert isinstance(model, ldm.LatentDiffusion) and model.num_timesteps == 1000
+    assert model.scaling == pytest.approx(model.vae.config.scaling_factor) and not model.training
+    ids = tok(["a red pokemon"], padding="max_length", max_length=tok.model_max_length, return_tensors="pt").input_ids
+    assert ids.shape == (1, 77) and te(ids)[0].shape == (1, 77, 16)
+    with pytest.raises(AssetMissing, match=hub_id):
+        ldm.load_sd15.func(hub_id, "f" * 40)  # a revision that is not cached: fails at once, names the model
+
+
+def test_paper_preset_builds_table4_splits_from_local_files(paper_ldm):
+    ldm_t2i, _, _ = paper_ldm
+    (task,) = ldm_t2i.build("paper")
+    ex = task.extras
+    sizes = {k: len(ex[k]) for k in ("aux_members", "te_members", "aux_nonmembers", "te_nonmembers")}
+    assert sizes == {"aux_members": 2, "te_members": 4, "aux_nonmembers": 2, "te_nonmembers": 3}
+    caps = [it["caption"] for k in sizes for it in ex[k]]
+    assert len(set(caps)) == 11 and all(c.startswith("a drawing of pokemon number") for c in caps)  # disjoint
+    it = ex["te_members"][0]
+    assert it["image"].shape == (3, 32, 32) and it["image"].dtype == torch.float16
+    assert 0.0 <= float(it["image"].min()) <= float(it["image"].max()) <= 1.0
+    assert it["text"].shape == (77, 16) and it["text"].dtype == torch.float16  # the CLIP text encoder's states
+    assert task.api.num_layers == 4  # the tiny UNet's BasicTransformerBlocks: 1 down, 1 mid, 2 up (lpb + 1)
+    assert "StablePrivateLoRA" in task.config["data"] and task.config["splits"]["heldout"] == 0
+
+
+def test_paper_preset_trains_a_round_with_lora_on_the_unet(paper_ldm):
+    from bench.fl import run_federated
+    from defenses.fedavg import FedAvg
+
+    ldm_t2i, _, _ = paper_ldm
+    (task,) = ldm_t2i.build("paper")
+    model, _ = run_federated(task, FedAvg(), seed=0)
+    trainable = [n for n, q in model.named_parameters() if q.requires_grad]
+    assert trainable and all(n.startswith("unet.") and "lora_" in n for n in trainable)
+    batch = task.api.collate(task.extras["te_members"][:2])
+    assert torch.isfinite(task.api.per_sample_loss(model, batch)).all()
+
+
+def test_paper_preset_names_missing_data_and_too_few_images(paper_ldm, monkeypatch):
+    from bench.assets import AssetMissing
+
+    ldm_t2i, _, tmp_path = paper_ldm
+    monkeypatch.delenv("BENCH_LDM_PAPER_DATA")
+    with pytest.raises(AssetMissing, match="BENCH_LDM_PAPER_DATA"):
+        ldm_t2i.build("paper")
+    _fake_pokemon(tmp_path / "few", 3)
+    monkeypatch.setenv("BENCH_LDM_PAPER_DATA", str(tmp_path / "few"))
+    with pytest.raises(ValueError, match="holds 3 captioned images, Table 4 needs 11"):
+        ldm_t2i.build("paper")
