@@ -588,9 +588,10 @@ def tinyllava(
 
     model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=True, local_files_only=True, dtype=dtype)
     cfg = model.config
-    tok = AutoTokenizer.from_pretrained(
+    tok = AutoTokenizer.from_pretrained(  # trusted as the model is: its config names the checkpoint's own code
         str(path),
         use_fast=False,
+        trust_remote_code=True,
         local_files_only=True,
         model_max_length=getattr(cfg, "tokenizer_model_max_length", 2048),
         padding_side="right",

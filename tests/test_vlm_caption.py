@@ -511,32 +511,120 @@ def _fake_coco(root: Path, n_train: int, n_held: int) -> None:
     (root / "dataset_coco.json").write_text(json.dumps({"images": rows}))
 
 
-class _PatchTower(torch.nn.Module):
-    """Stands in for TinyLLaVA's CLIP ViT-B/16 tower: 16-px patches of a 224-px image -> 196 tokens."""
+REV = "0123456789abcdef0123456789abcdef01234567"
 
+_TINYLLAVA_CONFIG_CODE = """
+from transformers import PretrainedConfig
+
+
+class TinyLlavaTestConfig(PretrainedConfig):
+    model_type = "tinyllava_test"
+
+    def __init__(self, text_config=None, vision_feature_layer=-2, vision_feature_select_strategy="patch", **kw):
+        self.text_config = text_config or {}
+        self.vision_feature_layer = vision_feature_layer
+        self.vision_feature_select_strategy = vision_feature_select_strategy
+        super().__init__(**kw)
+"""
+
+_TINYLLAVA_MODEL_CODE = """
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from .configuration_tinytest import TinyLlavaTestConfig
+
+
+class PatchTower(nn.Module):  # CLIP ViT-B/16's patch grid: 16-px patches of a 224-px image, 196 tokens
     def __init__(self):
         super().__init__()
-        self.proj = torch.nn.Conv2d(3, 8, 16, stride=16)
+        self.proj = nn.Conv2d(3, 8, 16, stride=16)
 
-    def forward(self, x, *, vision_feature_layer, vision_feature_select_strategy):
+    def forward(self, x, vision_feature_layer=-2, vision_feature_select_strategy="patch"):
         assert x.shape[-2:] == (224, 224) and vision_feature_select_strategy == "patch"
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
+class TinyLlavaTest(PreTrainedModel):
+    config_class = TinyLlavaTestConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        lm_config = LlamaConfig(**config.text_config)
+        self.vision_tower = PatchTower()
+        self.connector = nn.Linear(8, lm_config.hidden_size)
+        self.language_model = LlamaForCausalLM(lm_config)
+        self.post_init()
+"""
+
+
+def _fake_tinyllava(cache: Path, tok, hub_id: str = "bench-test/tiny-llava"):
+    """A TinyLLaVA-Factory-shaped checkpoint (its modelling code ships in the snapshot, ``auto_map`` in its
+    config: vision_tower / connector / language_model), tiny, laid out as the Hugging Face cache stores it."""
+    import json
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from models import llm
+
+    repo = cache / f"models--{hub_id.replace('/', '--')}"
+    snap = repo / "snapshots" / REV
+    snap.mkdir(parents=True)
+    (snap / "configuration_tinytest.py").write_text(_TINYLLAVA_CONFIG_CODE)
+    (snap / "modeling_tinytest.py").write_text(_TINYLLAVA_MODEL_CODE)
+    lm = llm.tiny_llama(tok, seed=3, hidden=32, layers=1, heads=2).config.to_dict()
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    config = {
+        "model_type": "tinyllava_test",
+        "auto_map": {
+            "AutoConfig": "configuration_tinytest.TinyLlavaTestConfig",
+            "AutoModelForCausalLM": "modeling_tinytest.TinyLlavaTest",
+        },
+        "text_config": {k: lm[k] for k in keys + ("num_key_value_heads", "bos_token_id", "eos_token_id")},
+        "tokenizer_model_max_length": 64,
+    }
+    (snap / "config.json").write_text(json.dumps(config))
+    torch.manual_seed(0)
+    cfg = AutoConfig.from_pretrained(str(snap), trust_remote_code=True, local_files_only=True)
+    model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=True)
+    model.save_pretrained(str(snap))
+    tok.save_pretrained(str(snap))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(REV)
+    return hub_id, model
+
+
+def test_tinyllava_loader_real_path_on_a_tiny_remote_code_checkpoint(monkeypatch, tmp_path):
+    import builtins
+
+    from models import llm
+
+    tok = llm.default_tokenizer()
+    hub_id, saved = _fake_tinyllava(tmp_path, tok)
+    prompts: list[str] = []
+    monkeypatch.setattr(builtins, "input", lambda text="": prompts.append(text) or "n")
+    tower, connector, lm, tok2, cfg = vlm.tinyllava(hub_id, REV[:7], cache_dir=tmp_path)
+    assert not prompts, prompts  # transformers' trust_remote_code prompt: a run must never wait for an answer
+    assert len(tok2) == len(tok) and cfg.vision_feature_layer == -2
+    torch.testing.assert_close(connector.weight, saved.connector.weight)
+    ids = torch.tensor([[1, 5, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(lm(input_ids=ids).logits, saved.language_model.eval()(input_ids=ids).logits)
+    assert not tower.training and not lm.training
+
+
 @pytest.fixture()
 def paper_vlm(monkeypatch, tmp_path):
-    """The paper preset built on a fake MSCOCO folder and a tiny stand-in for TinyLLaVA (its loader,
-    ``vlm.tinyllava``, needs the real checkpoint's remote code), shrunk to 8 members / 3 non-members / 2 test."""
+    """The paper preset on a fake MSCOCO folder and a tiny TinyLLaVA-shaped checkpoint loaded by the real loader
+    (``vlm.tinyllava``), shrunk to 8 members / 3 non-members / 2 test."""
     import dataclasses
-    from types import SimpleNamespace
+    import functools
 
     from bench.scenarios import vlm_caption
     from models import llm
 
     tok = llm.default_tokenizer()
-    lm = llm.tiny_llama(tok, seed=3, hidden=32, layers=1, heads=2)
-    cfg = SimpleNamespace(vision_feature_layer=-2, vision_feature_select_strategy="patch")
-    monkeypatch.setattr(vlm, "tinyllava", lambda: (_PatchTower(), torch.nn.Linear(8, 32), lm, tok, cfg))
+    hub_id, _ = _fake_tinyllava(tmp_path / "hub", tok)
+    monkeypatch.setattr(vlm, "tinyllava", functools.partial(vlm.tinyllava, hub_id, REV, cache_dir=tmp_path / "hub"))
     spec = vlm_caption.SPECS["paper"]
     small = dataclasses.replace(
         spec,
@@ -550,9 +638,9 @@ def paper_vlm(monkeypatch, tmp_path):
         gen_tokens=4,
     )
     monkeypatch.setitem(vlm_caption.SPECS, "paper", small)
-    _fake_coco(tmp_path, n_train=10, n_held=7)
-    monkeypatch.setenv("BENCH_VLM_PAPER_DATA", str(tmp_path))
-    return vlm_caption, tok, tmp_path
+    _fake_coco(tmp_path / "coco", n_train=10, n_held=7)
+    monkeypatch.setenv("BENCH_VLM_PAPER_DATA", str(tmp_path / "coco"))
+    return vlm_caption, tok, tmp_path / "coco"
 
 
 def test_paper_preset_reads_karpathy_split_from_local_files(paper_vlm):
@@ -572,7 +660,7 @@ def test_paper_preset_reads_karpathy_split_from_local_files(paper_vlm):
     caption_ids = item["input_ids"][item["caption_mask"].bool()]
     assert tok.decode(caption_ids).strip().startswith(item["caption"])  # the caption (then eos) is what is scored
     assert task.api.caption.num_image_tokens == 196 and task.config["client_sizes"] == [4, 4]
-    assert task.api.num_layers == 1  # the stand-in LM's one block (OpenELM names it num_transformer_layers)
+    assert task.api.num_layers == 1  # the tiny LM's one block (OpenELM names it num_transformer_layers)
 
 
 def test_paper_preset_trains_a_round_and_scores_utility(paper_vlm):
@@ -583,7 +671,7 @@ def test_paper_preset_trains_a_round_and_scores_utility(paper_vlm):
     (task,) = vlm_caption.build("paper")
     model, _ = run_federated(task, FedAvg(), seed=0)
     trainable = [n for n, q in model.named_parameters() if q.requires_grad]
-    assert trainable and all("lora_" in n for n in trainable)  # LoRA on the LM only; tower and connector frozen
+    assert trainable and all(n.startswith("lm.") and "lora_" in n for n in trainable)  # tower, connector frozen
     batch = task.api.collate([task.test_data[i] for i in range(2)])
     assert torch.isfinite(task.api.loss(model, batch))
     u = task.utility(model.eval())
