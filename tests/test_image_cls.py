@@ -377,3 +377,57 @@ def test_a_task_with_a_pretrained_base_builds_it_once(tmp_path, monkeypatch):
     assert not torch.equal(a["conv1.weight"], rand["conv1.weight"])
     assert len(list((tmp_path / "image").glob("*/base-*.safetensors"))) == 1
     assert t.config["model"]["pretrain"]["n_images"] == 48
+
+
+def _fake_cifar10(root, n_train: int, n_test: int) -> None:
+    """CIFAR-10 in torchvision's layout (cifar-10-batches-py/: five training batches, test_batch, batches.meta)."""
+    import pickle
+
+    d = root / "cifar-10-batches-py"
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    per = n_train // 5
+    for name, n in [(f"data_batch_{i}", per) for i in range(1, 6)] + [("test_batch", n_test)]:
+        batch = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "labels": (np.arange(n) % 10).tolist()}
+        (d / name).write_bytes(pickle.dumps(batch))
+    (d / "batches.meta").write_bytes(pickle.dumps({"label_names": list(image_data.CIFAR10_CLASSES)}))
+
+
+def test_paper_preset_builds_on_cifar10_and_pinned_weights_from_local_files(tmp_path, monkeypatch):
+    """The paper preset's real loaders (torchvision's CIFAR10 reader, the pinned timm weights from the HF cache)
+    on a fake CIFAR-10 folder and stand-in ImageNet weights saved here; sizes shrunk, architectures kept."""
+    import dataclasses
+
+    import timm
+    from torchvision.datasets import cifar
+
+    refs = {}
+    for arch, (hub_id, _) in image_models.PAPER_WEIGHTS.items():
+        refs[arch] = timm.create_model(image_models.ARCH_NAMES[arch], pretrained=False, num_classes=1000)
+        _fake_hub_cache(tmp_path, hub_id, "b" * 40, refs[arch].state_dict())
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    _fake_cifar10(tmp_path / "cifar", n_train=40, n_test=30)
+    monkeypatch.setenv("BENCH_CIFAR10", str(tmp_path / "cifar"))
+    monkeypatch.setattr(cifar, "check_integrity", lambda *a, **k: True)  # the fake files have other md5 sums
+    paper = image_cls.SPECS["paper"]
+    small = dataclasses.replace(paper, n_train=40, n_test=12, n_nonmembers=12, n_client_targets=2, max_membership=8)
+    monkeypatch.setitem(image_cls.SPECS, "paper", small)
+
+    tasks = {t.variant: t for t in image_cls.build("paper")}
+
+    assert set(tasks) == {"vit", "resnet34"}
+    t = tasks["resnet34"]
+    members = sum(len(c) for c in t.client_data)
+    assert members == 40 and t.config["data"]["source"] == "cifar10"  # paper: every training image is a member
+    assert len(t.nonmembers) == 12 and len(t.test_data) == 12
+    mem, non, test = _image_bytes(torch.cat([_all_x(c) for c in t.client_data])), _all_x(t.nonmembers), t.test_data
+    assert not mem & _image_bytes(non) and not _image_bytes(non) & _image_bytes(_all_x(test))
+    x, _ = t.client_data[0][0]
+    assert tuple(x.shape) == (3, 224, 224) == t.api.image.input_shape
+    for arch, task in tasks.items():
+        model = task.api.build_model()
+        ref = refs[arch].state_dict()
+        body = {k: v for k, v in model.state_dict().items() if k in ref and v.shape == ref[k].shape}
+        assert len(body) >= len(ref) - 2  # all but the new 10-class head
+        assert all(torch.equal(v, ref[k]) for k, v in body.items()), arch
