@@ -340,6 +340,46 @@ def test_alpaca_loader_formats_a_cached_snapshot_and_fails_when_missing(tmp_path
         load_alpaca_gpt4(REV, cache_dir=tmp_path / "empty")
 
 
+def test_paper_preset_builds_from_the_local_cache(monkeypatch, tmp_path, tok):
+    """The paper preset's build path (LLaMA-2's pinned snapshot for tokenizer and config, Alpaca-GPT4's cached
+    snapshot for the corpus) on a tiny Llama and 40 rows saved here; sizes shrunk. The 4-bit model itself is
+    loaded only by ``build_model`` (bitsandbytes, a GPU), not here."""
+    import dataclasses
+    import json
+
+    from huggingface_hub import constants
+
+    from bench.scenarios import llm_text
+
+    hub = tmp_path / "hub"
+    snap = hub / f"models--{llm.LLAMA2_ID.replace('/', '--')}" / "snapshots" / llm.LLAMA2_REVISION
+    llm.tiny_llama(tok, seed=11, hidden=32, layers=3, heads=2).save_pretrained(str(snap))
+    tok.save_pretrained(str(snap))
+    data = hub / "datasets--vicgalle--alpaca-gpt4" / "snapshots" / REV / "data"
+    data.mkdir(parents=True)
+    rows = [{"instruction": f"Say {i}.", "input": "loud" if i % 4 == 0 else "", "output": f"{i}!"} for i in range(40)]
+    (data / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (data.parent.parent.parent / "refs").mkdir()
+    (data.parent.parent.parent / "refs" / "main").write_text(REV)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
+    paper = llm_text.SPECS["paper"]
+    small = dataclasses.replace(
+        paper, n_members=20, n_nonmembers=8, n_test=8, fl=dataclasses.replace(paper.fl, num_clients=4)
+    )
+    monkeypatch.setitem(llm_text.SPECS, "paper", small)
+
+    (task,) = llm_text.build("paper")
+
+    assert task.config["data_revision"] == REV and task.config["model_revision"] == llm.LLAMA2_REVISION
+    assert task.api.num_layers == 3 and task.api.tokens.vocab_size == len(tok) and len(task.client_data) == 4
+    member_texts = {
+        tok.decode(task.client_data[c][i]["input_ids"]) for c in range(4) for i in range(len(task.client_data[c]))
+    }
+    other = {tok.decode(d[i]["input_ids"]) for d in (task.nonmembers, task.test_data) for i in range(len(d))}
+    assert len(member_texts) == 20 and len(other) == 16 and not member_texts & other
+    assert all("### Instruction:\nSay " in t for t in member_texts | other)
+
+
 def test_paper_preset_fails_at_once_without_the_model(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     from bench.scenarios.llm_text import build
