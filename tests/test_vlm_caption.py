@@ -511,8 +511,6 @@ def _fake_coco(root: Path, n_train: int, n_held: int) -> None:
     (root / "dataset_coco.json").write_text(json.dumps({"images": rows}))
 
 
-REV = "0123456789abcdef0123456789abcdef01234567"
-
 _TINYLLAVA_CONFIG_CODE = """
 from transformers import PretrainedConfig
 
@@ -557,9 +555,12 @@ class TinyLlavaTest(PreTrainedModel):
 """
 
 
-def _fake_tinyllava(cache: Path, tok, hub_id: str = "bench-test/tiny-llava"):
+def _fake_tinyllava(cache: Path, tok, hub_id: str = "bench-test/tiny-llava") -> tuple[str, str, torch.nn.Module]:
     """A TinyLLaVA-Factory-shaped checkpoint (its modelling code ships in the snapshot, ``auto_map`` in its
-    config: vision_tower / connector / language_model), tiny, laid out as the Hugging Face cache stores it."""
+    config: vision_tower / connector / language_model), tiny, laid out as the Hugging Face cache stores it.
+    Its commit is unique to ``cache``: transformers copies the code to a modules folder named after the
+    snapshot, shared by the test workers."""
+    import hashlib
     import json
 
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -567,7 +568,8 @@ def _fake_tinyllava(cache: Path, tok, hub_id: str = "bench-test/tiny-llava"):
     from models import llm
 
     repo = cache / f"models--{hub_id.replace('/', '--')}"
-    snap = repo / "snapshots" / REV
+    rev = hashlib.sha1(str(cache.resolve()).encode()).hexdigest()
+    snap = repo / "snapshots" / rev
     snap.mkdir(parents=True)
     (snap / "configuration_tinytest.py").write_text(_TINYLLAVA_CONFIG_CODE)
     (snap / "modeling_tinytest.py").write_text(_TINYLLAVA_MODEL_CODE)
@@ -589,20 +591,35 @@ def _fake_tinyllava(cache: Path, tok, hub_id: str = "bench-test/tiny-llava"):
     model.save_pretrained(str(snap))
     tok.save_pretrained(str(snap))
     (repo / "refs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs" / "main").write_text(REV)
-    return hub_id, model
+    (repo / "refs" / "main").write_text(rev)
+    return hub_id, rev, model
 
 
-def test_tinyllava_loader_real_path_on_a_tiny_remote_code_checkpoint(monkeypatch, tmp_path):
+@pytest.fixture()
+def remote_code_cleanup():
+    """Removes the copies of the fake checkpoints' code that transformers makes in its modules cache."""
+    made: list[str] = []
+    yield made.append
+    import shutil
+
+    from transformers.dynamic_module_utils import _sanitize_module_name
+    from transformers.utils import HF_MODULES_CACHE
+
+    for rev in made:
+        shutil.rmtree(Path(HF_MODULES_CACHE) / "transformers_modules" / _sanitize_module_name(rev), ignore_errors=True)
+
+
+def test_tinyllava_loader_real_path_on_a_tiny_remote_code_checkpoint(monkeypatch, tmp_path, remote_code_cleanup):
     import builtins
 
     from models import llm
 
     tok = llm.default_tokenizer()
-    hub_id, saved = _fake_tinyllava(tmp_path, tok)
+    hub_id, rev, saved = _fake_tinyllava(tmp_path, tok)
+    remote_code_cleanup(rev)
     prompts: list[str] = []
     monkeypatch.setattr(builtins, "input", lambda text="": prompts.append(text) or "n")
-    tower, connector, lm, tok2, cfg = vlm.tinyllava(hub_id, REV[:7], cache_dir=tmp_path)
+    tower, connector, lm, tok2, cfg = vlm.tinyllava(hub_id, rev[:7], cache_dir=tmp_path)
     assert not prompts, prompts  # transformers' trust_remote_code prompt: a run must never wait for an answer
     assert len(tok2) == len(tok) and cfg.vision_feature_layer == -2
     torch.testing.assert_close(connector.weight, saved.connector.weight)
@@ -613,7 +630,7 @@ def test_tinyllava_loader_real_path_on_a_tiny_remote_code_checkpoint(monkeypatch
 
 
 @pytest.fixture()
-def paper_vlm(monkeypatch, tmp_path):
+def paper_vlm(monkeypatch, tmp_path, remote_code_cleanup):
     """The paper preset on a fake MSCOCO folder and a tiny TinyLLaVA-shaped checkpoint loaded by the real loader
     (``vlm.tinyllava``), shrunk to 8 members / 3 non-members / 2 test."""
     import dataclasses
@@ -623,8 +640,9 @@ def paper_vlm(monkeypatch, tmp_path):
     from models import llm
 
     tok = llm.default_tokenizer()
-    hub_id, _ = _fake_tinyllava(tmp_path / "hub", tok)
-    monkeypatch.setattr(vlm, "tinyllava", functools.partial(vlm.tinyllava, hub_id, REV, cache_dir=tmp_path / "hub"))
+    hub_id, rev, _ = _fake_tinyllava(tmp_path / "hub", tok)
+    remote_code_cleanup(rev)
+    monkeypatch.setattr(vlm, "tinyllava", functools.partial(vlm.tinyllava, hub_id, rev, cache_dir=tmp_path / "hub"))
     spec = vlm_caption.SPECS["paper"]
     small = dataclasses.replace(
         spec,
