@@ -16,7 +16,7 @@ from bench.cells import aux_reserve
 from bench.registry import SCENARIOS
 from bench.scenarios import image_cls
 from models import image as image_models
-from tests.assets import need
+from tests.assets import hub_snapshot, need
 
 SMOKE = image_cls.SPECS["smoke"]  # the smoke models' sizes
 
@@ -253,11 +253,7 @@ def _fake_hub_cache(root, hub_id: str, commit: str, state: dict) -> None:
     """The Hugging Face cache layout: models--org--name/{refs/main, snapshots/<commit>/model.safetensors}."""
     from safetensors.torch import save_file
 
-    repo = root / "hub" / ("models--" + hub_id.replace("/", "--"))
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-    snap = repo / "snapshots" / commit
-    snap.mkdir(parents=True)
+    snap = hub_snapshot(root / "hub", hub_id, commit)
     save_file({k: v.contiguous() for k, v in state.items()}, str(snap / "model.safetensors"))
 
 

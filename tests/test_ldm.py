@@ -13,6 +13,7 @@ from sklearn.metrics import roc_auc_score
 
 from bench import captions as cap
 from models import ldm
+from tests.assets import hub_snapshot
 
 TINY = ldm.LDMConfig(
     vae_channels=(8, 8, 16), unet_channels=(16, 32), text="hash", text_dim=32, text_len=12, lora_r=4, lora_alpha=4.0
@@ -405,8 +406,7 @@ def _tiny_sd15(cache, hub_id: str = "bench-test/tiny-sd"):
     from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    repo = cache / f"models--{hub_id.replace('/', '--')}"
-    snap = repo / "snapshots" / REV
+    snap = hub_snapshot(cache, hub_id, REV)
     torch.manual_seed(0)
     AutoencoderKL(
         block_out_channels=(8, 8),
@@ -441,8 +441,6 @@ def _tiny_sd15(cache, hub_id: str = "bench-test/tiny-sd"):
         pad_token_id=tok.pad_token_id,
     )
     CLIPTextModel(cfg).save_pretrained(snap / "text_encoder")
-    (repo / "refs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs" / "main").write_text(REV)
     return hub_id
 
 

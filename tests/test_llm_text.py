@@ -22,7 +22,7 @@ from bench.text_data import (
     stratified_split,
 )
 from models import llm
-from tests.assets import need
+from tests.assets import hub_snapshot, need
 
 HAVE_FORTUNES = llm.Path("/usr/share/games/fortunes/fortunes").is_file()
 SCENARIO = "llm-text"  # the smoke / batch fixtures (tests/conftest.py)
@@ -287,12 +287,10 @@ REV = "0123456789abcdef0123456789abcdef01234567"
 
 def _fake_hub_model(cache: Path, repo: str, tok) -> tuple[Path, torch.nn.Module]:
     """A tiny checkpoint laid out exactly as the Hugging Face cache stores a snapshot."""
-    snap = cache / f"models--{repo.replace('/', '--')}" / "snapshots" / REV
+    snap = hub_snapshot(cache, repo, REV)
     model = llm.tiny_llama(tok, seed=11, hidden=32, layers=1, heads=2)
     model.save_pretrained(str(snap))
     tok.save_pretrained(str(snap))
-    (snap.parent.parent / "refs").mkdir(parents=True, exist_ok=True)
-    (snap.parent.parent / "refs" / "main").write_text(REV)
     return snap, model
 
 
@@ -325,8 +323,8 @@ def test_paper_4bit_config_is_nf4():
 
 
 def test_alpaca_loader_formats_a_cached_snapshot_and_fails_when_missing(tmp_path):
-    snap = tmp_path / "datasets--vicgalle--alpaca-gpt4" / "snapshots" / REV / "data"
-    snap.mkdir(parents=True)
+    snap = hub_snapshot(tmp_path, "vicgalle/alpaca-gpt4", REV, kind="dataset", main=False) / "data"
+    snap.mkdir()
     rows = [
         {"instruction": "Name a colour.", "input": "", "output": "Blue."},
         {"instruction": "Add the numbers.", "input": "2 and 3", "output": "5"},
@@ -352,15 +350,13 @@ def test_paper_preset_builds_from_the_local_cache(monkeypatch, tmp_path, tok):
     from bench.scenarios import llm_text
 
     hub = tmp_path / "hub"
-    snap = hub / f"models--{llm.LLAMA2_ID.replace('/', '--')}" / "snapshots" / llm.LLAMA2_REVISION
+    snap = hub_snapshot(hub, llm.LLAMA2_ID, llm.LLAMA2_REVISION, main=False)
     llm.tiny_llama(tok, seed=11, hidden=32, layers=3, heads=2).save_pretrained(str(snap))
     tok.save_pretrained(str(snap))
-    data = hub / "datasets--vicgalle--alpaca-gpt4" / "snapshots" / REV / "data"
-    data.mkdir(parents=True)
+    data = hub_snapshot(hub, "vicgalle/alpaca-gpt4", REV, kind="dataset") / "data"
+    data.mkdir()
     rows = [{"instruction": f"Say {i}.", "input": "loud" if i % 4 == 0 else "", "output": f"{i}!"} for i in range(40)]
     (data / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    (data.parent.parent.parent / "refs").mkdir()
-    (data.parent.parent.parent / "refs" / "main").write_text(REV)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
     paper = llm_text.SPECS["paper"]
     small = dataclasses.replace(

@@ -30,7 +30,7 @@ from bench.caption_metrics import (  # noqa: E402
 )
 from bench.types import Observation  # noqa: E402
 from models import vlm  # noqa: E402
-from tests.assets import need  # noqa: E402
+from tests.assets import hub_snapshot, need  # noqa: E402
 
 HAVE_FASHION = Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz").is_file()
 SCENARIO = "vlm-caption"  # the smoke / batch fixtures (tests/conftest.py)
@@ -466,8 +466,7 @@ def test_max_renyi_positive_control_fedavg_client_model(smoke):
 
 def test_resolve_snapshot_matches_a_revision_prefix_and_fails_at_once(tmp_path):
     full = "59d9f93" + "0" * 33
-    snap = tmp_path / "models--org--m" / "snapshots" / full
-    snap.mkdir(parents=True)
+    snap = hub_snapshot(tmp_path, "org/m", full, main=False)
     (snap / "config.json").write_text("{}")
     assert vlm.resolve_snapshot("org/m", "59d9f93", cache_dir=tmp_path) == snap
     assert vlm.resolve_snapshot("org/m", full, cache_dir=tmp_path) == snap
@@ -567,10 +566,8 @@ def _fake_tinyllava(cache: Path, tok, hub_id: str = "bench-test/tiny-llava") -> 
 
     from models import llm
 
-    repo = cache / f"models--{hub_id.replace('/', '--')}"
     rev = hashlib.sha1(str(cache.resolve()).encode()).hexdigest()
-    snap = repo / "snapshots" / rev
-    snap.mkdir(parents=True)
+    snap = hub_snapshot(cache, hub_id, rev)
     (snap / "configuration_tinytest.py").write_text(_TINYLLAVA_CONFIG_CODE)
     (snap / "modeling_tinytest.py").write_text(_TINYLLAVA_MODEL_CODE)
     lm = llm.tiny_llama(tok, seed=3, hidden=32, layers=1, heads=2).config.to_dict()
@@ -590,8 +587,6 @@ def _fake_tinyllava(cache: Path, tok, hub_id: str = "bench-test/tiny-llava") -> 
     model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=True)
     model.save_pretrained(str(snap))
     tok.save_pretrained(str(snap))
-    (repo / "refs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs" / "main").write_text(rev)
     return hub_id, rev, model
 
 
