@@ -390,7 +390,8 @@ def membership_observation(
     cache_root: Path | None = None,
 ) -> Observation:
     """What a membership attack observes for one scoring model (``part``): the model, the aux split in
-    ``public`` only when it ``uses_aux``, reference models when it ``uses_reference``, the shared signals."""
+    ``public`` only when it ``uses_aux``, reference models when it ``uses_reference``, the base model's builder
+    when it ``uses_base``, the shared signals."""
     uses_aux = bool(getattr(attack, "uses_aux", False))
     nonmembers = task.nonmembers
     if uses_aux and nonmembers is None:
@@ -415,6 +416,7 @@ def membership_observation(
         seed=seed,
         signals=group_cache((task.id, repr(defense), seed)),  # shared per-candidate signals
         reference=reference,
+        base_model=task.api.build_model if getattr(attack, "uses_base", False) else None,
     )
 
 

@@ -300,6 +300,9 @@ class Observation:
     # reference models and population samples for reference-model attacks ([RMIA], [LiRA]): a
     # bench.reference.Reference the harness builds for attacks with ``uses_reference``; None = not provided
     reference: Any = None
+    # the pre-trained base model's builder (``api.build_model``: the checkpoint the fine-tuning started from,
+    # public in LoRA fine-tuning) for attacks with ``uses_base``; None = not provided
+    base_model: Callable[[], nn.Module] | None = None
 
 
 @dataclass
@@ -423,6 +426,7 @@ class Attack(abc.ABC):
     grid: ClassVar[tuple[Mapping[str, Any], ...]] = ({},)
     paper: ClassVar[str] = ""
     uses_aux: ClassVar[bool] = False  # trains on the attacker's aux members / non-members (obs.public)
+    uses_base: ClassVar[bool] = False  # scores with the pre-trained base model as well (obs.base_model)
     # compute-budget fields and their caps for a conformance run (``bench check``: output types, not
     # strength); a field whose value is None ("the scenario's") is capped too
     budget: ClassVar[Mapping[str, int]] = {}

@@ -19,6 +19,7 @@ from torch import nn
 from attacks.gradient_mia import GradientMIA
 from attacks.loss_mia import LossMIA, fit_attack_mlp
 from attacks.max_renyi import MaxRenyi
+from attacks.ref_loss import RefLoss
 from bench.cells import best_threshold
 from bench.signals import (
     _token_rows,
@@ -549,3 +550,60 @@ def test_loss_timesteps_hook_gives_per_step_scores():
     assert set(sc.scores) == {"neg_loss", "neg_loss_t125", "neg_loss_t375", "neg_loss_t625", "neg_loss_t875"}
     want = -torch.tensor([0.1, 0.5, 0.3], dtype=torch.float64) * (1 + np.mean([125, 375, 625, 875]) / 1000)
     assert torch.allclose(sc.scores["neg_loss"], want)
+
+
+# ----------------------------------------------------------------------------------------------
+# ref_loss: the loss calibrated by the pre-trained base model's ([Watson], [Mireshghallah])
+
+
+@pytest.fixture(scope="module")
+def calibration_setup():
+    """A base LM pre-trained on Markov text; candidates half Markov texts (easy for any model of the domain) and
+    half uniform random tokens (hard): the uncalibrated loss mostly sees the difficulty."""
+    import copy
+
+    torch.manual_seed(0)
+    base = train(TinyLM(), lm_per_sample_loss, torch.stack(markov_texts(400, seed=5)), steps=150, lr=3e-2)
+    rand = list(torch.randint(0, V, (400, L), generator=torch.Generator().manual_seed(9)))
+    easy = markov_texts(400, seed=11)
+    mem, non = easy[:20] + rand[:20], easy[20:220] + rand[20:220]
+    tuned = train(copy.deepcopy(base).train(), lm_per_sample_loss, torch.stack(mem), steps=5, lr=1e-2)
+    other = markov_texts(20, seed=77) + rand[380:]  # fine-tuned on neither candidate split
+    neither = train(copy.deepcopy(base).train(), lm_per_sample_loss, torch.stack(other), steps=5, lr=1e-2)
+    return dict(base=base, mem=mem, non=non, tuned=tuned, neither=neither)
+
+
+def ref_obs(model, base):
+    import copy
+
+    return Observation("global_model", model, None, LM_API, base_model=lambda: copy.deepcopy(base))
+
+
+def test_ref_loss_positive_control_calibration_beats_the_plain_loss(calibration_setup):
+    # arrange
+    s = calibration_setup
+
+    # act
+    sc = RefLoss().run(ref_obs(s["tuned"], s["base"]), s["mem"] + s["non"])
+
+    # assert: lightly fine-tuned, the plain loss barely separates; calibrated by the base model's it does
+    got = {k: auroc(v, 40, 400) for k, v in sc.scores.items()}
+    assert sc.primary == "calibrated" and set(got) == {"calibrated", "neg_ratio", "neg_loss"}
+    assert got["calibrated"] >= 0.9 and got["neg_ratio"] >= 0.9, got
+    assert got["calibrated"] >= got["neg_loss"] + 0.2, got
+
+
+def test_ref_loss_negative_controls_base_target_and_unseen_candidates(calibration_setup):
+    s = calibration_setup
+    cands = s["mem"] + s["non"]
+    on_base = RefLoss().run(ref_obs(s["base"], s["base"]), cands).scores["calibrated"]
+    assert torch.equal(on_base, torch.zeros(len(cands), dtype=on_base.dtype))  # the leaderboard's base row: 0.5
+    neither = RefLoss().run(ref_obs(s["neither"], s["base"]), cands)
+    for name, v in neither.scores.items():
+        assert abs(auroc(v, 40, 400) - 0.5) <= 0.12, name
+
+
+def test_ref_loss_needs_the_base_model(calibration_setup):
+    s = calibration_setup
+    with pytest.raises(ValueError, match="base_model"):
+        RefLoss().run(Observation("global_model", s["tuned"], None, LM_API), s["mem"])

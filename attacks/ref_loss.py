@@ -1,0 +1,79 @@
+"""Reference-calibrated loss attack with the pre-trained base model as the reference: the score is how much lower
+the target's loss on a candidate is than the base model's, so a candidate that is merely easy (low loss for any
+model of the domain) no longer looks like a member.
+
+[Watson] (difficulty calibration): s(x) = l(x; theta_ref) - l(x; theta), theta_ref a model not trained on x. For
+fine-tuning, the checkpoint the fine-tuning started from is such a model and the attacker has it for free: it is
+public in LoRA fine-tuning (the adapter is trained on a published checkpoint) and was sent to every client in
+federated fine-tuning. [Mireshghallah] attack fine-tuned language models (full, head and adapter fine-tuning) with
+this likelihood ratio against the pre-trained model. Variant ``neg_ratio`` = -l(x; theta) / l(x; theta_ref), the
+ratio of log-perplexities [Carlini21] rank by (there against a smaller reference LM). ``neg_loss`` is the
+uncalibrated loss attack on the same candidates (paired comparison in the record).
+
+Cost: one more forward pass per candidate, no training (against [RMIA]'s reference runs). With a diffusion timestep
+hook the loss is the mean over ``timesteps`` stratified steps, the same seeded noise for the target and the base.
+The harness hands the base model over as ``obs.base_model`` (``uses_base``: ``api.build_model``). Built-in negative
+control: when the target is the base model (the leaderboard's ``base`` row) every score is 0 (AUROC 0.5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from torch import Tensor, nn
+
+from bench.params import param
+from bench.registry import register_attack
+from bench.signals import loss_timesteps, per_sample_losses
+from bench.types import Attack, Observation, Scores
+
+
+@register_attack
+@dataclass
+class RefLoss(Attack):
+    timesteps: int = param(10, ge=0, le=1000)  # diffusion steps the loss is taken at (only with api.diffusion_ops)
+    batch_size: int = param(16, ge=1, le=4096)  # candidates per forward pass
+
+    views = ("global_model", "client_model", "released_model")
+    kind = "membership"
+    paper = (
+        "[Watson] (Watson et al. 2022): difficulty calibration against a reference model; [Mireshghallah] "
+        "(Mireshghallah et al. 2022): the pre-trained model as the reference of a fine-tuned one"
+    )
+    uses_base = True  # the harness puts the base model's builder in obs.base_model
+    budget = {"timesteps": 2}  # a conformance run's caps (bench.conformance.cap_budget)
+
+    def run(self, obs: Observation, candidates: Sequence[Any] | None) -> Scores:
+        if obs.model is None:
+            raise ValueError(f"ref_loss needs a model in the observation (view {obs.view!r})")
+        if obs.base_model is None:
+            raise ValueError("ref_loss needs the pre-trained base model: obs.base_model is None")
+        items = list(candidates or [])
+        if not items:
+            raise ValueError("ref_loss needs candidates to score")
+        steps = loss_timesteps(obs.api, self.timesteps)
+
+        def losses(model: nn.Module, what: str) -> Tensor:  # [N], seeded by the cell; shared through obs.signals
+            return per_sample_losses(
+                obs.api,
+                model,
+                items,
+                batch_size=self.batch_size,
+                timesteps=steps,
+                desc=f"ref_loss {what}",
+                seed=obs.seed,
+                cache=obs.signals,
+            ).mean(1)
+
+        target = losses(obs.model, "target")
+        base = obs.base_model().eval()
+        ref = losses(base, "base model")
+        del base
+        scores = {
+            "calibrated": ref - target,
+            "neg_ratio": -target / ref.clamp(min=1e-12),
+            "neg_loss": -target,
+        }
+        details = {"reference": "the pre-trained base model the fine-tuning started from (api.build_model)"}
+        return Scores(scores, primary="calibrated", details=details)
