@@ -481,7 +481,8 @@ MISBEHAVING_RUN = {  # file stem -> (client_step body line, epsilon it reports, 
 
 def test_the_default_memory_cap_leaves_a_worker_room_to_start(tmp_path):
     """75% of RAM / --jobs alone falls below what a worker maps just to import torch at high --jobs (every
-    cell then failed with "failed to map segment"): the default never goes below twice that."""
+    cell then failed with "failed to map segment"): the default never goes below twice that, and the RAM share
+    comes on top of it (at --jobs 2 on 24 GB, vlm-caption's projector alignment overran the share alone)."""
     import functools
 
     from bench.cli import address_space_mb, build_parser, worker_config
@@ -495,8 +496,8 @@ def test_the_default_memory_cap_leaves_a_worker_room_to_start(tmp_path):
 
     summary = run([task], [FedAvg()], [ToyLossMIA()], [0], tmp_path, executor=LocalExecutor(1, cfg))
 
-    assert need > 100 and cfg.mem_cap_mb >= max(1.9 * need, default_mem_cap_mb(256))
-    assert one.mem_cap_mb >= default_mem_cap_mb(1)
+    assert need > 100 and cfg.mem_cap_mb >= max(1.9 * need, default_mem_cap_mb(256) + 0.9 * need)
+    assert one.mem_cap_mb >= default_mem_cap_mb(1) + 0.9 * need  # the RAM share on top of the libraries' mappings
     assert summary.counts["failed"] == 0 and summary.counts["ok"] > 0
 
 
