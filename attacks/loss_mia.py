@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from bench.metrics import held_out_scores
 from bench.params import param
 from bench.registry import register_attack
-from bench.signals import loss_timesteps, per_sample_losses, seeded, single_thread
+from bench.signals import cell_losses, loss_timesteps, seeded, single_thread
 from bench.types import Attack, Observation, Scores
 
 
@@ -144,17 +144,8 @@ class LossMIA(Attack):
             raise ValueError("loss_mia needs candidates to score")
         steps = loss_timesteps(obs.api, self.timesteps)
 
-        def losses(xs: list[Any], what: str) -> Tensor:  # seeded by the cell; shared through obs.signals
-            return per_sample_losses(
-                obs.api,
-                target,
-                xs,
-                batch_size=self.batch_size,
-                timesteps=steps,
-                desc=f"loss_mia {what}",
-                seed=obs.seed,
-                cache=obs.signals,
-            )
+        def losses(xs: list[Any], what: str) -> Tensor:
+            return cell_losses(obs, target, xs, timesteps=steps, batch_size=self.batch_size, desc=f"loss_mia {what}")
 
         cand = losses(items, "candidates")
         scores: dict[str, Tensor] = {"neg_loss": -cand.mean(1)}

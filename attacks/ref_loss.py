@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from bench.params import param
 from bench.registry import register_attack
-from bench.signals import loss_timesteps, per_sample_losses
+from bench.signals import cell_losses, loss_timesteps
 from bench.types import Attack, Observation, Scores
 
 
@@ -54,17 +54,9 @@ class RefLoss(Attack):
             raise ValueError("ref_loss needs candidates to score")
         steps = loss_timesteps(obs.api, self.timesteps)
 
-        def losses(model: nn.Module, what: str) -> Tensor:  # [N], seeded by the cell; shared through obs.signals
-            return per_sample_losses(
-                obs.api,
-                model,
-                items,
-                batch_size=self.batch_size,
-                timesteps=steps,
-                desc=f"ref_loss {what}",
-                seed=obs.seed,
-                cache=obs.signals,
-            ).mean(1)
+        def losses(model: nn.Module, what: str) -> Tensor:  # [N]: the mean over the diffusion steps, if any
+            bs = self.batch_size
+            return cell_losses(obs, model, items, timesteps=steps, batch_size=bs, desc=f"ref_loss {what}").mean(1)
 
         target = losses(obs.model, "target")
         base = obs.base_model().eval()

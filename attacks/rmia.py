@@ -65,7 +65,7 @@ from bench.params import param
 from bench.progress import progress
 from bench.reference import population_reason
 from bench.registry import register_attack
-from bench.signals import loss_timesteps, per_sample_losses
+from bench.signals import cell_losses, loss_timesteps
 from bench.types import Attack, Observation, Scores, TaskSpec
 
 A_GRID = tuple(i / 10 for i in range(11))  # the a values [RMIA]'s code tries (tune_offline_a: 0, 0.1, ..., 1)
@@ -255,16 +255,7 @@ class RMIA(Attack):
 
     def _losses(self, obs: Observation, model: Any, items: list[Any], steps: Any, what: str) -> Tensor:
         """[N] each item's mean loss under ``model``: seeded by the cell, shared through ``obs.signals``."""
-        return per_sample_losses(
-            obs.api,
-            model,
-            items,
-            batch_size=self.batch_size,
-            timesteps=steps,
-            desc=f"rmia {what}",
-            seed=obs.seed,
-            cache=obs.signals,
-        ).mean(1)
+        return cell_losses(obs, model, items, timesteps=steps, batch_size=self.batch_size, desc=f"rmia {what}").mean(1)
 
     def _tuning(self, obs: Observation, refs: list) -> tuple[Any, tuple[float, Any] | None]:
         """(reference 0's tuning members / non-members from bench.reference, None) when ``a`` is tuned; (None,

@@ -30,7 +30,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from .progress import progress
 from .signal_cache import SignalCache, cached
-from .types import TaskAPI
+from .types import Observation, TaskAPI
 
 INF = math.inf
 
@@ -522,6 +522,16 @@ def per_sample_losses(
 
     kind = ("losses", tuple(int(t) for t in timesteps), batch_size, seed)
     return cached(cache if seed is not None else None, kind, model, items, compute)
+
+
+def cell_losses(
+    obs: Observation, model: nn.Module, items: Sequence[Any], *, timesteps: Sequence[int], batch_size: int, desc: str
+) -> Tensor:
+    """:func:`per_sample_losses` as an attack of a cell takes them: seeded by the cell (``obs.seed``: the same
+    diffusion noise for every model scored) and shared through ``obs.signals`` with the cell group's other attacks."""
+    return per_sample_losses(
+        obs.api, model, items, batch_size=batch_size, timesteps=timesteps, desc=desc, seed=obs.seed, cache=obs.signals
+    )
 
 
 def attack_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
