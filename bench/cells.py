@@ -407,16 +407,19 @@ def membership_observation(
         if getattr(attack, "uses_reference", False)
         else None
     )
+    model = part.build()
+    # the base model: the target itself on the base row (not built twice); else a fresh build when asked for
+    base = (lambda: model) if defense is None else task.api.build_model
     return Observation(
         view=cast(View, view),
-        model=part.build(),
+        model=model,
         message=None,
         api=task.api,
         public=public,
         seed=seed,
         signals=group_cache((task.id, repr(defense), seed)),  # shared per-candidate signals
         reference=reference,
-        base_model=task.api.build_model if getattr(attack, "uses_base", False) else None,
+        base_model=base if getattr(attack, "uses_base", False) else None,
     )
 
 
