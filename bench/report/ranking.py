@@ -119,10 +119,12 @@ def rank_columns(
     cols_meta: dict[str, dict],
     est: dict[tuple, Estimate],
     cell_recs: dict[tuple, list[dict]],
-) -> None:
-    """Adds per column: ``.vs_base`` (membership AUROC: change from the base model, with interval and method),
-    ``.best`` (1 = in the best group; collapsed rows never are), ``.vs_baseline`` and its ``.method``."""
+) -> pd.DataFrame:
+    """``df`` with, per column: ``.vs_base`` (membership AUROC: change from the base model, with interval and
+    method), ``.best`` (1 = in the best group; collapsed rows never are), ``.vs_baseline`` and its ``.method``
+    (the new columns joined at once: inserting them one by one fragments the frame)."""
     mark_collapse(res, df)
+    new: dict[str, Any] = {}
     labels = set(df.defense)
     collapsed = {(r.preset, r.task, r.defense) for _, r in df.iterrows() if r.utility_collapse}
     for col in sorted(cols_meta):
@@ -170,8 +172,9 @@ def rank_columns(
                 vs.append(VERDICT_TEXT[sign(c)])
                 vs_method.append("paired" if is_paired(c) else (c.method if c else ""))
         if meta["kind"] == "membership" and metric == "auroc":
-            df[f"{col}.vs_base"], df[f"{col}.vs_base.ci_low"], df[f"{col}.vs_base.ci_high"] = dv, dlo, dhi
-            df[f"{col}.vs_base.method"] = dmethod
-        df[f"{col}.best"] = np.array(best, dtype=float)
-        df[f"{col}.vs_baseline"] = vs
-        df[f"{col}.vs_baseline.method"] = vs_method
+            new[f"{col}.vs_base"], new[f"{col}.vs_base.ci_low"], new[f"{col}.vs_base.ci_high"] = dv, dlo, dhi
+            new[f"{col}.vs_base.method"] = dmethod
+        new[f"{col}.best"] = np.array(best, dtype=float)
+        new[f"{col}.vs_baseline"] = vs
+        new[f"{col}.vs_baseline.method"] = vs_method
+    return pd.concat([df, pd.DataFrame(new, index=df.index)], axis=1)

@@ -137,7 +137,7 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
     df = pd.DataFrame(table)
     if df.empty:
         return df, []
-    rank_columns(res, df, cols_meta, est, cell_recs)
+    df = rank_columns(res, df, cols_meta, est, cell_recs)
     df["positive_control"] = [res.control_text(p, t) for p, t in zip(df.preset, df.task)]
     fixed = [
         c
