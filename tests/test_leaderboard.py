@@ -192,6 +192,32 @@ def test_table_marks_best_group_and_comparison_with_the_baseline(tmp_path):
     assert t.loc["fedavg", f"{col}.vs_base.method"].startswith("paired")
 
 
+def test_the_not_reported_note_names_the_columns_when_another_attack_reports_the_metric():
+    # arrange: loss reports TPR at 5% FPR in the global view; a failed ref_loss cell has no value at any FPR
+    import pandas as pd
+
+    from bench.report.markdown import hidden_columns
+
+    def m(attack, metric):
+        return {
+            "column": f"{attack}/global_model:{metric}",
+            "attack": attack,
+            "view": "global_model",
+            "metric": metric,
+            "primary": False,
+        }
+
+    meta = [m(a, f) for a in ("loss_mia", "ref_loss") for f in ("tpr@0.05fpr", "tpr@0.01fpr")]
+    table = pd.DataFrame({"loss_mia/global_model:tpr@0.05fpr": [0.3], "ref_loss/global_model:tpr@0.05fpr": [None]})
+
+    # act
+    note = hidden_columns(table, meta)
+
+    # assert: TPR@1% is missing everywhere; TPR@5% only from ref_loss's column
+    assert note == "TPR@1%FPR; TPR@5%FPR of ref_loss/global"
+    assert hidden_columns(table.fillna(0.1), meta[:1]) == ""
+
+
 def test_reconstruction_metrics_pool_images_over_seeds(tmp_path):
     res = write(
         tmp_path,

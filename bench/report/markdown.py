@@ -75,6 +75,20 @@ def reportable(table: pd.DataFrame, m: dict) -> bool:
     return m["primary"] or (m["column"] in table.columns and table[m["column"]].notna().any())
 
 
+def hidden_columns(table: pd.DataFrame, meta: list[dict]) -> str:
+    """The metrics no row reports: a metric's name where every attack and view lacks it, else the name with the
+    attack/view columns that lack it (another attack may report it: a failed cell has no value at any FPR)."""
+    by_metric: dict[str, list[dict]] = {}
+    for m in meta:
+        by_metric.setdefault(METRIC_NAMES.get(m["metric"], m["metric"]), []).append(m)
+    out = []
+    for name, ms in sorted(by_metric.items()):
+        gone = [f"{m['attack']}/{VIEW_SHORT.get(m['view'], m['view'])}" for m in ms if not reportable(table, m)]
+        if gone:
+            out.append(name if len(gone) == len(ms) else f"{name} of {', '.join(gone)}")
+    return "; ".join(out)
+
+
 def display(table: pd.DataFrame, meta: list[dict], *, which: str = "all") -> tuple[list[str], list[list[Shown]]]:
     """Header and cells of the readable table: ``which`` = all | primary | secondary attack metrics."""
     if table.empty:
@@ -307,11 +321,10 @@ def scenario_markdown(
         header, rows = display(table, meta, which=which)
         if rows and len(header) > 3:
             parts += [f"## {title}", "", md_table(header, rows), ""]
-    hidden = sorted({METRIC_NAMES.get(m["metric"], m["metric"]) for m in meta if not reportable(table, m)})
-    if hidden:
+    if hidden := hidden_columns(table, meta):
         parts += [
             f"Not reported in any row (too few non-members for the FPR, or no value; reasons in the CSV's "
-            f"`.status` columns): {', '.join(hidden)}.",
+            f"`.status` columns): {hidden}.",
             "",
         ]
     if len(matrix):
