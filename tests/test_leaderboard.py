@@ -586,47 +586,18 @@ def test_a_membership_claim_is_rechecked_with_the_strongest_attack_side_by_side(
         if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text"
     }
 
-    assert set(rows) == {"paper: max_renyi", STRONG}
+    assert set(rows) == {"paper: max_renyi", "strongest: rmia"}
     assert rows["paper: max_renyi"]["verdict"] == "holds" and "rmia" not in rows["paper: max_renyi"]["evidence"]
-    assert rows[STRONG]["verdict"] == "contradicted", rows[STRONG]["evidence"]
-    assert "max_renyi" not in rows[STRONG]["evidence"]
+    assert rows["strongest: rmia"]["verdict"] == "contradicted", rows["strongest: rmia"]["evidence"]
+    assert "max_renyi" not in rows["strongest: rmia"]["evidence"]
     # without reference-model records the re-check says so
     flrsp = [c for c in claims.evaluate(res) if c["paper"].startswith("papers/003")]
     assert [c["attacks"] for c in flrsp] == ["paper"] * len(flrsp)
     vlm = [c for c in claims.evaluate(res) if c["paper"].startswith("papers/000") and c["scenario"] == "vlm-caption"]
     assert {c["attacks"]: c["verdict"] for c in vlm} == {
         "paper: max_renyi": "not measured",
-        STRONG: "not measured",
+        "strongest: rmia": "not measured",
     }
-
-
-STRONG = "strongest: rmia, ref_loss"
-
-
-def _strongest_row(res):
-    return next(
-        c
-        for c in claims.evaluate(res)
-        if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text" and c["attacks"] == STRONG
-    )
-
-
-def test_the_strongest_recheck_needs_the_defense_to_stop_every_reference_model_attack_measured(tmp_path):
-    # arrange: RMIA finds nothing on FedRand; ref_loss (base-model-calibrated loss) separates its members as FedAvg's
-    recs = _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.05, attack="rmia")
-    calibrated = _fedrand_records(fedrand_strength=2.0, fedrand_loss=3.05, attack="ref_loss")
-
-    # act
-    only_rmia = _strongest_row(write(tmp_path / "a", recs))
-    both = _strongest_row(write(tmp_path / "b", recs + calibrated))
-    only_ref = _strongest_row(write(tmp_path / "c", calibrated))
-
-    # assert: each attack is a clause of its own; one the defense does not stop contradicts the claim
-    assert only_rmia["verdict"] == "holds", only_rmia["evidence"]
-    assert both["verdict"] == "contradicted", both["evidence"]
-    assert "ref_loss/client_model" in both["evidence"] and "rmia/client_model" in both["evidence"]
-    # where only ref_loss was measured (no reference runs), the row still re-checks the claim with it
-    assert only_ref["verdict"] == "contradicted" and "rmia/" not in only_ref["evidence"], only_ref["evidence"]
 
 
 def test_the_strongest_recheck_uses_the_attacks_default_configuration_only(tmp_path):
@@ -638,7 +609,11 @@ def test_the_strongest_recheck_uses_the_attacks_default_configuration_only(tmp_p
         r["cell_id"] += "-a03"
     res = write(tmp_path, recs + fixed)
 
-    row = _strongest_row(res)
+    row = next(
+        c
+        for c in claims.evaluate(res)
+        if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text" and c["attacks"] == "strongest: rmia"
+    )
 
     assert row["verdict"] == "contradicted" and "rmia(a=0.3)" not in row["evidence"], row["evidence"]
     assert any(r["attack_label"] == "rmia(a=0.3)" for r in res.records)  # still in the leaderboards

@@ -18,10 +18,8 @@ per scenario and preset: ``not measured`` (no records for its cells); ``contradi
 exceeds ``MEANINGFUL_EPSILON`` only ``holds only nominally``.
 
 A membership claim is checked twice, side by side ([RMIA] issue): with the attacks of its paper (``paper:``
-rows) and with the strongest attacks the suite has, the reference-model ones (``strongest:`` rows, ``STRONGEST``:
-offline RMIA against trained reference models, and ref_loss against the pre-trained base model, which costs no
-training and so is measured where RMIA's reference runs are not): a defense that stops only weak attacks is not a
-defense, and it must stop each of them (a clause per attack and cell).
+rows) and with the strongest attack the suite has, reference-model membership inference (``strongest:`` rows,
+``STRONGEST``): a defense that stops only weak attacks is not a defense.
 """
 
 from __future__ import annotations
@@ -50,9 +48,7 @@ from .results import Results
 COLUMNS = ["paper", "claim", "scenario", "setting", "preset", "attacks", "verdict", "effect", "mde", "evidence"]
 PAPERS_OWN = "the paper's"  # ``setting`` of a scenario of the kind the paper evaluated
 CLAIMS: list[dict] = []
-# the re-check of every membership claim: offline RMIA (LiRA-offline is its variant) and the base-model-calibrated
-# loss (Watson et al. 2022's difficulty calibration; its variant neg_ratio is Carlini et al. 2021's)
-STRONGEST = ("rmia", "ref_loss")
+STRONGEST = ("rmia",)  # the re-check of every membership claim: offline RMIA (LiRA-offline is its variant)
 
 
 def strongest_only(res: Results) -> Results:
@@ -175,12 +171,9 @@ def markdown(rows: list[dict], audits: list[dict] | None = None) -> str:
         "control: RMIA minus the best single-signal attack in TPR at the lowest FPR the non-members support, "
         "paired) is the attack-strength section of each scenario page and `<scenario>_attack_strength.csv`. "
         "Each membership claim has two rows, side by side: `paper: ...` checks it with the attacks of its paper, "
-        "`strongest: rmia, ref_loss` with the reference-model attacks in their default configurations: offline "
-        "RMIA against trained reference models (offline a tuned per cell; another configuration, e.g. "
-        "`rmia(a=0.3)`, stays in the tables only) and ref_loss, the target's loss calibrated by the pre-trained "
-        "base model's (no training, so it is measured where RMIA's reference runs are not), on the same cells; "
-        "a defense that stops only weak attacks is not a defense, so the row takes a clause per attack and cell "
-        "and the verdict rule above; `not measured` where neither has been run. "
+        "`strongest: rmia` with offline RMIA in its default configuration (offline a tuned per cell; another "
+        "configuration, e.g. `rmia(a=0.3)`, stays in the tables only) on the same cells (a defense that stops "
+        "only weak attacks is not a defense); `not measured` where the reference-model cells have not been run. "
         "`setting`: `the paper's` "
         "where the scenario is of the kind the paper's experiments ran on, `extension (...)` where the suite "
         "carries the claim to another kind of model or data (the verdict there is the suite's finding, not a test "
