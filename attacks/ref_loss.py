@@ -14,6 +14,14 @@ Cost: one more forward pass per candidate, no training (against [RMIA]'s referen
 hook the loss is the mean over ``timesteps`` stratified steps, the same seeded noise for the target and the base.
 The harness hands the base model over as ``obs.base_model`` (``uses_base``: ``api.build_model``). Built-in negative
 control: when the target is the base model (the leaderboard's ``base`` row) every score is 0 (AUROC 0.5).
+
+The calibration helps only where the base model is a good reference, i.e. where fine-tuning leaves the per-candidate
+difficulty ranking in place. Measured on ``default`` (FedAvg, 250 + 250 candidates, the record's variants on the
+same candidates): llm-text (fortunes, a domain SmolLM2 knows) calibrated 0.946-0.974 global against the plain loss
+0.896-0.949; vlm-caption (captions in a format the un-fine-tuned LM never saw, which fine-tuning learns for every
+caption alike) calibrated 0.523 / 0.523 global (seeds 0 / 1) against 0.638 / 0.606, client view 0.627 against
+0.810 (seed 0): the base model's loss there measures how foreign the format is, not how hard the candidate is, and
+subtracting it adds noise. A reference that saw the domain (RMIA's reference runs) is the remedy.
 """
 
 from __future__ import annotations
