@@ -19,9 +19,10 @@ The calibration helps only where the base model is a good reference, i.e. where 
 difficulty ranking in place. Measured on ``default`` (FedAvg, 250 + 250 candidates, the record's variants on the
 same candidates): llm-text (fortunes, a domain SmolLM2 knows) calibrated 0.946-0.974 global against the plain loss
 0.896-0.949; vlm-caption (captions in a format the un-fine-tuned LM never saw, which fine-tuning learns for every
-caption alike) calibrated 0.523 / 0.523 global (seeds 0 / 1) against 0.638 / 0.606, client view 0.627 against
-0.810 (seed 0): the base model's loss there measures how foreign the format is, not how hard the candidate is, and
-subtracting it adds noise. A reference that saw the domain (RMIA's reference runs) is the remedy.
+caption alike) calibrated 0.523 / 0.523 / 0.520 global (seeds 0-2) against 0.638 / 0.606 / 0.644, client view
+0.627 / 0.607 / 0.616 against 0.810 / 0.769 / 0.832: the base model's loss there measures how foreign the format is,
+not how hard the candidate is, and subtracting it adds noise. A reference that saw the domain (RMIA's reference
+runs) is the remedy.
 """
 
 from __future__ import annotations
