@@ -351,7 +351,7 @@ def run(
     plan (bench.runplan.Plan) before anything runs; ``redo_before``: cells whose records started before it run
     again (bench.runplan.Done); ``views``: only the cells in these threat views. Records are written by whoever
     finishes a cell."""
-    from .runplan import CostModel, make_plan
+    from .runplan import CostModel, Done, make_plan, uses_reference
 
     out = Path(out)
     store = Store(out)
@@ -395,15 +395,26 @@ def run(
     blocked: dict[str, list[dict]] = {}  # unit key -> the waiting entries it holds back
     ready: list[list[Cell]] = []  # entries with nothing to wait for, fanned out once every unit is submitted
 
-    def wait_for(keys: set[str], cells: list[Cell]) -> None:
-        if not cells:
+    def wait_for(keys: set[str], cells: list[Cell], *, recheck: bool = False) -> None:
+        """``cells`` run once the units ``keys`` have finished; ``recheck``: they have finished records, which
+        are checked again then (Plan.recheck) and redone only if made from other runs."""
+        if not cells or (recheck and not keys):
             return
         if not keys:
             ready.append(cells)
             return
-        entry: dict[str, Any] = {"keys": set(keys), "cells": cells, "failed": False}
+        entry: dict[str, Any] = {"keys": set(keys), "cells": cells, "failed": False, "recheck": recheck}
         for k in keys:
             blocked.setdefault(k, []).append(entry)
+
+    def stale(cells: list[Cell]) -> list[Cell]:
+        """Of finished cells whose runs were just trained, those whose records came from other weights: added
+        to the run (bar and counts)."""
+        fresh = Done(store, redo_before=redo_before)
+        again = [c for c in cells if not fresh(c)]
+        summary.counts["skipped"] -= len(again)
+        wb.grow(sum(estimator.cell_cost(c) for c in again))
+        return again
 
     def unblock(key: str, failure: str | None, traceback_: str = "") -> None:
         """Unit ``key`` finished: fan out the cells it was the last to hold back, or fail its cells."""
@@ -412,6 +423,8 @@ def run(
                 continue
             if failure is not None:
                 entry["failed"] = True
+                if entry["recheck"]:  # the finished records stay as they are
+                    continue
                 for c in entry["cells"]:
                     skel = c.skeleton()
                     write_failed(store, skel, failure, traceback=traceback_)
@@ -420,7 +433,7 @@ def run(
                 continue
             entry["keys"].discard(key)
             if not entry["keys"]:
-                fanout(entry["cells"])
+                fanout(stale(entry["cells"]) if entry["recheck"] else entry["cells"])
 
     def submit(u: Unit, group: list[Cell]) -> None:
         label = ""
@@ -475,8 +488,11 @@ def run(
                         group,
                     )
                 )
+            again = pl.recheck.get(key, [])
+            wait_for(deps, [c for c in again if not uses_reference(c)], recheck=True)
             if key not in pl.needs_reference:
                 wait_for(deps, group)
+                wait_for(deps, [c for c in again if uses_reference(c)], recheck=True)
                 continue
             tkey = train_key(task, defense, seed)
             ref_deps = set()
@@ -494,8 +510,9 @@ def run(
                 )
                 ref_deps.add(u.key)
                 refs.append((u, group))
-            wait_for(deps, [c for c in group if not getattr(c.attack, "uses_reference", False)])
-            wait_for(deps | ref_deps, [c for c in group if getattr(c.attack, "uses_reference", False)])
+            wait_for(deps, [c for c in group if not uses_reference(c)])
+            wait_for(deps | ref_deps, [c for c in group if uses_reference(c)])
+            wait_for(deps | ref_deps, [c for c in again if uses_reference(c)], recheck=True)
         for u, group in units + refs:
             submit(u, group)
         for cells_ in ready:  # base-model groups and groups whose training (and references) are cached

@@ -159,6 +159,10 @@ class Plan:
     scale_text: str = ""  # the scale factors applied, e.g. "2.4" or "1.3-2.4"
     unplannable: list[str] = field(default_factory=list)  # groups whose reference runs cannot be planned, why
     stale: int = 0  # of the cells to run, those with a finished record that is stale (Done)
+    # finished membership cells of the groups whose training (or, for a reference-model cell, reference) runs are
+    # trained by this run: their records were made from runs no longer cached, so the runner checks them again
+    # once the new runs exist and redoes those made from other weights (another CPU or thread count)
+    recheck: dict[tuple, list] = field(default_factory=dict)
 
     def add(self, phase: str, seconds: float) -> None:
         """Count ``seconds`` of estimated work to ``phase``: "training", "reference runs" or an attack's name."""
@@ -168,6 +172,10 @@ class Plan:
     @property
     def to_run(self) -> int:
         return sum(len(g) for g in self.groups.values())
+
+    @property
+    def to_recheck(self) -> int:
+        return sum(len(g) for g in self.recheck.values())
 
     @property
     def to_train_references(self) -> int:
@@ -207,6 +215,14 @@ class Plan:
                 f"({self.trainings - len(self.needs_training)} cached"
                 + (f", {self.resumable} resume from a checkpoint)" if self.resumable else ")"),
                 *refs,
+                *(
+                    [
+                        f"      {self.to_recheck} recorded cell(s) of the runs to train are checked again once they "
+                        f"are trained, and redone if made from other weights (e.g. trained on another CPU)"
+                    ]
+                    if self.recheck
+                    else []
+                ),
                 f"      estimated time: {fmt_duration(self.est_wall_s)} with {self.jobs} job(s) "
                 f"({fmt_duration(self.est_total_s)} of work; {src})",
                 *([f"      work by phase: {by_phase(self.est_by_phase)}"] if self.est_by_phase else []),
@@ -282,7 +298,7 @@ class Done:
             ident = self._identity(c)
             if ident is not None:
                 checks.append(lambda rec: made_from(rec, ident))
-            refs = self._references(c) if getattr(c.attack, "uses_reference", False) else None
+            refs = self._references(c) if uses_reference(c) else None
             if refs is not None:
                 checks.append(lambda rec: made_with(rec, refs))
         accept = (lambda rec: all(ok(rec) for ok in checks)) if checks else None
@@ -321,10 +337,13 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_befor
     span = (f"{f[0]:.2g}" if f[0] == f[-1] else f"{f[0]:.2g}-{f[-1]:.2g}") if f else ""
     pl = Plan(planned=len(cells), jobs=jobs, learned_from=model.n_records, scaled=model.n_scaled, scale_text=span)
     done = Done(store, redo_before=redo_before)
+    finished: dict[tuple, list] = {}
     for c in cells:
         pl.applicable += c.na is None
         if done(c):
             pl.done += 1
+            if c.na is None and c.defense is not None and c.attack.kind == "membership":
+                finished.setdefault(group_key(c), []).append(c)
         elif c.na is not None:
             pl.na_cells.append(c)
         else:
@@ -350,7 +369,16 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_befor
         if todo[1]:
             pl.needs_reference[key] = todo[1]
             pl.add("reference runs", len(todo[1]) * model.train_cost(c.task, c.defense))  # the target's recipe
+    for key, group in finished.items():
+        again = [c for c in group if key in pl.needs_training or (key in pl.needs_reference and uses_reference(c))]
+        if again:
+            pl.recheck[key] = again
     return pl
+
+
+def uses_reference(cell) -> bool:
+    """Whether the cell's attack scores against reference runs ([RMIA])."""
+    return bool(getattr(cell.attack, "uses_reference", False))
 
 
 def references_to_train(group: list, out: Path, *, readonly: bool = False) -> tuple[int, list[int]]:

@@ -40,6 +40,12 @@ class WorkBar:
         self._moved += step
         self.bar.update(step)
 
+    def grow(self, seconds: float) -> None:
+        """Work found during the run (stale records redone, bench.runner.run): the total grows by ``seconds``."""
+        if seconds > 0:
+            self.bar.total += seconds
+            self.bar.refresh()
+
     def advance(self, key: str, fraction: float | str) -> None:
         """A running unit reports it is ``fraction`` done: the bar moves by that share of its cost, never
         back and never beyond it (the rest lands when the unit finishes); a string is its set-up step."""

@@ -418,6 +418,65 @@ def test_records_made_from_a_run_no_longer_cached_are_redone_and_flagged(tmp_pat
     assert all(after[k] == {"sha256": now} for k in made if k[0] == "toy_loss")
 
 
+def _membership_records(out: Path) -> dict[str, Path]:
+    return {
+        p.name: p
+        for p in (out / "records").glob("*/*.json")
+        if json.loads(p.read_text())["defense"] == "fedavg" and json.loads(p.read_text())["attack"] == "toy_loss"
+    }
+
+
+def _drop_training_cache(out: Path) -> None:
+    from bench import runner
+
+    for f in (out / "cache" / "train").glob("*"):
+        f.unlink()
+    runner._TRAIN_LRU.clear()
+
+
+def test_records_of_a_run_retrained_in_the_same_run_are_checked_again_and_redone_if_made_from_other_weights(
+    tmp_path,
+):
+    # arrange: finished membership records whose training run is gone from the cache and which name another
+    # run (as records trained on another CPU do); a reconstruction cell of the same run is still to do
+    task, defenses = toy_task(), [FedAvg()]
+    run([task], defenses, [ToyLossMIA()], [0], tmp_path)
+    paths = _membership_records(tmp_path)
+    for p in paths.values():
+        rec = json.loads(p.read_text())
+        p.write_text(json.dumps({**rec, "training": {"sha256": "0" * 16}}))
+    _drop_training_cache(tmp_path)
+
+    # act: the run trains the run again for the new cell
+    plans: list = []
+    summary = run([task], defenses, [ToyLossMIA(), ToyMeanRecon()], [0], tmp_path, on_plan=plans.append)
+
+    # assert: the plan said so, and the records from the other run were redone on the new one in the same run
+    (head,) = (tmp_path / "cache" / "train").glob("*.json")
+    now = json.loads(head.read_text())["sha256"][:16]
+    assert plans[0].to_recheck == len(paths) > 0 and f"{len(paths)} recorded cell(s)" in plans[0].render()
+    assert all(json.loads(p.read_text())["training"] == {"sha256": now} for p in paths.values())
+    assert summary.counts["ok"] == len(paths) + 1 and summary.counts["failed"] == 0
+    n_cells = len(plan([task], defenses, [ToyLossMIA(), ToyMeanRecon()], [0]))
+    assert summary.counts["skipped"] + summary.counts["ok"] + summary.counts["n/a"] == n_cells
+
+
+def test_records_of_a_run_retrained_to_the_same_weights_stay(tmp_path):
+    # arrange: finished membership records whose training run is gone from the cache (retrained here, it comes
+    # back bit for bit)
+    task, defenses = toy_task(), [FedAvg()]
+    run([task], defenses, [ToyLossMIA()], [0], tmp_path)
+    before = {name: p.read_text() for name, p in _membership_records(tmp_path).items()}
+    _drop_training_cache(tmp_path)
+
+    # act
+    summary = run([task], defenses, [ToyLossMIA(), ToyMeanRecon()], [0], tmp_path)
+
+    # assert: the records were checked, not redone
+    assert {name: p.read_text() for name, p in _membership_records(tmp_path).items()} == before
+    assert summary.counts["ok"] == 1
+
+
 def test_the_leaderboard_flags_a_defense_seed_whose_membership_records_come_from_two_runs(tmp_path):
     # arrange: one finished matrix, and the same records with one membership record from another run
     from bench.report.results import Results
