@@ -493,6 +493,37 @@ def test_records_name_their_reference_runs_and_are_redone_when_one_is_retrained(
     assert ref.made_with({"training": {"sha256": "0" * 16}}, now)  # a record from before revision 7
 
 
+def test_records_scored_against_reference_runs_the_run_retrains_are_checked_again_after_them(tmp_path):
+    # arrange: the global view's RMIA records, which name other reference runs (as records made on another CPU);
+    # reference run 1 gone from the cache; the client view's RMIA cells still to do
+    import json
+
+    from bench.runner import run
+    from bench.store import Store
+
+    task = _population_task(rounds=1)
+    run([task], [FedAvg()], [RMIA()], [0], tmp_path, views={"global_model"})
+    paths = [p for p in (tmp_path / "records").glob("*/*.json") if json.loads(p.read_text())["defense"] == "fedavg"]
+    for p in paths:
+        rec = json.loads(p.read_text())
+        p.write_text(json.dumps({**rec, "training": {**rec["training"], "references": ["0" * 16, "1" * 16]}}))
+    for f in (tmp_path / "cache" / "reference").glob(ref.reference_spec(task, FedAvg(), 0, 1).key + "*"):
+        f.unlink()
+    ref._MEMO.clear()
+
+    # act: the full matrix trains reference run 1 again for the client view's cells
+    plans: list = []
+    summary = run([task], [FedAvg()], [RMIA()], [0], tmp_path, on_plan=plans.append)
+
+    # assert: the global view's records were redone against the runs now cached, in the same run
+    now = ref.identities(task, FedAvg(), 0, 2, tmp_path / "cache")
+    recs = [r for r in Store(tmp_path).records() if r["defense"] == "fedavg"]
+    assert plans[0].to_recheck == len(paths) > 0 and plans[0].to_train_references == 1
+    assert summary.counts["failed"] == 0 and len(recs) > len(paths)
+    assert summary.counts["skipped"] == 1  # the base model's global-view record alone (no reference runs)
+    assert now is not None and all(r["training"]["references"] == now for r in recs)
+
+
 def test_a_failed_reference_run_fails_only_the_cells_that_need_it(tmp_path):
     from bench.runner import run
     from bench.store import Store
