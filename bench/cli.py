@@ -100,7 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"threat views to run: a comma list of {', '.join(VIEWS)}, or 'all' (default), e.g. only the view a "
         "claim reads",
     )
-    r.add_argument("--verbose", action="store_true", help="show third-party loading output and warnings")
+    r.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show third-party loading output and warnings; with --dry-run, list the cells to run",
+    )
     ls = sub.add_parser("list", help="list scenarios, defenses, attacks, and which cells apply")
     ls.add_argument("--preset", default="smoke", help="preset used to build the scenarios for the matrix")
     ls.add_argument("--scenario", default="all")
@@ -283,7 +287,7 @@ def cmd_run(a) -> int:
     if not a.verbose:
         silence_third_party()
     from .runner import plan, run
-    from .runplan import CostModel, by_phase, make_plan
+    from .runplan import CostModel, by_phase, listing, make_plan
 
     # every cell recorded already: plan over the declarations (bench.specs), no task built, no model library
     # imported; otherwise build them (may raise AssetMissing: still nothing written)
@@ -298,6 +302,8 @@ def cmd_run(a) -> int:
         store, costs = Store(out, readonly=True), CostModel.from_records(out, readonly=True, device=device)
         pl = make_plan(plan(tasks, defenses, attacks, seeds, views=views), store, costs, jobs=jobs, redo_before=redo)
         print(pl.render())
+        if a.verbose:  # the cells themselves, by training run
+            print(listing(pl))
         return 0
     executor = idle_executor(jobs) if recorded else make_executor(a, jobs, cfg)
     summary = run(

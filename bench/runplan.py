@@ -234,6 +234,28 @@ class Plan:
         )
 
 
+def listing(pl: Plan) -> str:
+    """The work a plan schedules, one line per training run's group (``bench run --dry-run --verbose``): what
+    is trained, how many reference runs, and the cells to run and to check again by attack and view."""
+    from .training import label
+
+    lines = []
+    for key in sorted(set(pl.groups) | set(pl.recheck), key=str):
+        task, defense, seed = key
+        cells = pl.groups.get(key, [])
+        what = ["train" if key in pl.needs_training else ""]
+        what.append(f"{len(pl.needs_reference[key])} reference run(s)" if key in pl.needs_reference else "")
+        todo = ", ".join(f"{label(c.attack)}/{c.view}" for c in cells)
+        again = ", ".join(f"{label(c.attack)}/{c.view}" for c in pl.recheck.get(key, []))
+        lines.append(
+            f"  {task.split('@')[0]} {defense} seed {seed}"
+            + "".join(f" [{w}]" for w in what if w)
+            + (f": {todo}" if todo else "")
+            + (f"; checked again: {again}" if again else "")
+        )
+    return "\n".join(lines)
+
+
 def by_phase(seconds: dict[str, float]) -> str:
     """``phase duration (share)`` for each phase, the largest first: where a run's time goes."""
     total = sum(seconds.values()) or 1.0

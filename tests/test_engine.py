@@ -164,32 +164,20 @@ def test_cli_exiting_contributed_defense_fails_its_cells_and_leaderboards_are_wr
     assert (out / "leaderboards" / "image-cls.csv").exists()
 
 
-def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
+@pytest.mark.parametrize("verbose", [False, True])
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys, verbose):
     from bench.cli import main
 
     out = tmp_path / "never"
-    code = main(
-        [
-            "run",
-            "--scenario",
-            "image-cls",
-            "--defense",
-            "fedsgd",
-            "--attack",
-            "april",
-            "--preset",
-            "smoke",
-            "--out",
-            str(out),
-            "--dry-run",
-            "--jobs",
-            "2",
-        ]
-    )
+    argv = ["run", "--scenario", "image-cls", "--defense", "fedsgd", "--attack", "april", "--preset", "smoke"]
+    code = main([*argv, "--out", str(out), "--dry-run", "--jobs", "2", *(["--verbose"] if verbose else [])])
 
     text = capsys.readouterr().out
     assert code == 0 and not out.exists()
     assert "cells planned" in text and "1 to train" in text and "estimated time" in text and "2 job(s)" in text
+    # --verbose lists the cells by training run (the one training run of the plan)
+    listed = [line for line in text.splitlines() if " fedsgd seed 0 [train]: april/client_update" in line]
+    assert len(listed) == (1 if verbose else 0)
 
 
 @pytest.mark.parametrize(
