@@ -8,6 +8,8 @@ Membership attacks also run on the un-fine-tuned base model (defense ``base``) a
 from __future__ import annotations
 
 import concurrent.futures as cf
+import heapq
+import itertools
 import os
 import random
 import time
@@ -351,7 +353,7 @@ def run(
     plan (bench.runplan.Plan) before anything runs; ``redo_before``: cells whose records started before it run
     again (bench.runplan.Done); ``views``: only the cells in these threat views. Records are written by whoever
     finishes a cell."""
-    from .runplan import CostModel, Done, make_plan, uses_reference
+    from .runplan import CostModel, Done, group_key, make_plan, uses_reference
 
     out = Path(out)
     store = Store(out)
@@ -435,7 +437,23 @@ def run(
             if not entry["keys"]:
                 fanout(stale(entry["cells"]) if entry["recheck"] else entry["cells"])
 
+    # units wait here until a worker is free, the most finished work first: cells (their runs are ready), then
+    # the training and reference runs group by group, so an interrupted run leaves whole groups recorded
+    backlog: list[tuple[tuple, int, Unit, list[Cell]]] = []
+    seq = itertools.count()
+    order: dict[tuple, int] = {}  # group key -> its place in the plan
+
     def submit(u: Unit, group: list[Cell]) -> None:
+        rank = (0,) if u.kind == "cell" else (1, order.get(group_key(group[0]), 0), u.kind != "train", u.ref_index)
+        heapq.heappush(backlog, (rank, next(seq), u, group))
+
+    def pump() -> None:
+        """Hand the executor the next units while it has a free worker (an inline executor runs each now)."""
+        while backlog and len(pending) < max(1, executor.jobs):
+            _, _, u, group = heapq.heappop(backlog)
+            launch(u, group)
+
+    def launch(u: Unit, group: list[Cell]) -> None:
         label = ""
         if u.kind != "cell" and group:
             what = "training" if u.kind == "train" else f"reference run {u.ref_index}"
@@ -513,10 +531,12 @@ def run(
             wait_for(deps, [c for c in group if not uses_reference(c)])
             wait_for(deps | ref_deps, [c for c in group if uses_reference(c)])
             wait_for(deps | ref_deps, [c for c in again if uses_reference(c)], recheck=True)
+        order.update((k, i) for i, k in enumerate(pl.groups))
         for u, group in units + refs:
             submit(u, group)
         for cells_ in ready:  # base-model groups and groups whose training (and references) are cached
             fanout(cells_)
+        pump()
         while pending:
             done, _ = cf.wait(list(pending), timeout=REPORT_S if poll else None, return_when=cf.FIRST_COMPLETED)
             for key, fraction in poll() if poll else ():
@@ -544,6 +564,7 @@ def run(
                 else:
                     summary.counts[res["status"]] += 1
                 wb.note(f"{group[0].defense_label} x {unit.attack.name}/{unit.view}: {res['status']}")
+            pump()
     except KeyboardInterrupt:  # finished records stay; the rest is redone by the next run
         executor.shutdown(kill=True)
         raise

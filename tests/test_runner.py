@@ -477,6 +477,33 @@ def test_records_of_a_run_retrained_to_the_same_weights_stay(tmp_path):
     assert summary.counts["ok"] == 1
 
 
+def test_units_run_group_by_group_so_an_interrupted_run_leaves_whole_groups_recorded(tmp_path):
+    # arrange: an executor that logs what it is handed (in order), over a matrix of two defenses x two seeds
+    from bench.runner import InlineExecutor
+
+    class Logging(InlineExecutor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.log: list[tuple[str, str, int]] = []
+
+        def submit(self, unit):
+            self.log.append((unit.kind, unit.defense.name if unit.defense else "base", unit.seed))
+            return super().submit(unit)
+
+    ex = Logging()
+
+    # act
+    run([toy_task()], [FedAvg(), FLRSP()], [ToyLossMIA()], [0, 1], tmp_path, executor=ex)
+
+    # assert: each training run's cells run before the next training run starts
+    trains = [i for i, (kind, _, _) in enumerate(ex.log) if kind == "train"]
+    assert len(trains) == 4
+    for start, end in zip(trains, trains[1:] + [len(ex.log)]):
+        _, defense, seed = ex.log[start]
+        between = ex.log[start + 1 : end]
+        assert between and all((d, s) == (defense, seed) for kind, d, s in between if d != "base")
+
+
 def test_the_leaderboard_flags_a_defense_seed_whose_membership_records_come_from_two_runs(tmp_path):
     # arrange: one finished matrix, and the same records with one membership record from another run
     from bench.report.results import Results
