@@ -22,7 +22,15 @@ same candidates): llm-text (fortunes, a domain SmolLM2 knows) calibrated 0.946-0
 caption alike) calibrated 0.523 / 0.523 / 0.520 global (seeds 0-2) against 0.638 / 0.606 / 0.644, client view
 0.627 / 0.607 / 0.616 against 0.810 / 0.769 / 0.832: the base model's loss there measures how foreign the format is,
 not how hard the candidate is, and subtracting it adds noise. A reference that saw the domain (RMIA's reference
-runs) is the remedy.
+runs) is the remedy. image-cls (the base: the default preset's model pre-trained on 6,000 Fashion-MNIST images
+disjoint from the candidates; FedAvg seeds 0-2, global view, session 2026-11-29): calibrated 0.68-0.71 (ViT) /
+0.66-0.69 (ResNet34) against the plain loss 0.76-0.77 / 0.77-0.79.
+
+The ``neg_ratio`` variant ranks better than the difference in every scenario measured (same records, same
+candidates): llm-text global 0.966 / 0.989 / 0.990 (seeds 0-2) against 0.946 / 0.974 / 0.974, vlm-caption global
+0.597 / 0.586 / 0.591 against 0.523 / 0.523 / 0.520 (still below the plain loss there), image-cls global ViT
+0.849-0.855 and ResNet34 0.834-0.847, above the plain loss. The primary score stays the difference of [Watson]
+(records made with it would otherwise mix two primaries); the attack-strength tables read every variant.
 """
 
 from __future__ import annotations
