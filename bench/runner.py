@@ -506,18 +506,11 @@ def run(
                         group,
                     )
                 )
-            again = pl.recheck.get(key, [])
-            wait_for(deps, [c for c in again if not uses_reference(c)], recheck=True)
-            if key not in pl.needs_reference:
-                wait_for(deps, group)
-                wait_for(deps, [c for c in again if uses_reference(c)], recheck=True)
-                continue
-            tkey = train_key(task, defense, seed)
             ref_deps = set()
-            for r in pl.needs_reference[key]:
+            for r in pl.needs_reference.get(key, []):  # a base-model group has none (and no training key)
                 u = Unit(
                     "reference",
-                    f"{tkey}/reference/{r}",
+                    f"{train_key(task, defense, seed)}/reference/{r}",
                     task,
                     defense,
                     seed=seed,
@@ -528,8 +521,10 @@ def run(
                 )
                 ref_deps.add(u.key)
                 refs.append((u, group))
+            again = pl.recheck.get(key, [])
             wait_for(deps, [c for c in group if not uses_reference(c)])
             wait_for(deps | ref_deps, [c for c in group if uses_reference(c)])
+            wait_for(deps, [c for c in again if not uses_reference(c)], recheck=True)
             wait_for(deps | ref_deps, [c for c in again if uses_reference(c)], recheck=True)
         order.update((k, i) for i, k in enumerate(pl.groups))
         for u, group in units + refs:
