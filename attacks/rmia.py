@@ -63,7 +63,7 @@ from torch.nn import functional as F
 
 from bench.params import param
 from bench.progress import progress
-from bench.reference import population_reason
+from bench.reference import default_count, population_reason
 from bench.registry import register_attack
 from bench.signals import cell_losses, loss_timesteps
 from bench.types import Attack, Observation, Scores, TaskSpec
@@ -189,6 +189,20 @@ class RMIA(Attack):
         if self.queries > 1 and task.family != "image-cls":
             return f"augmented queries (queries={self.queries}) need an image classifier; {task.family} has none"
         return population_reason(task)
+
+    def relative_cost(self, task: Any, view: str) -> float:
+        """A cell's scoring passes on a trained target over those of the base-model cell of the same view (whose
+        reference models are the base model: the candidates and z samples scored once): the plan's first
+        estimate of such a cell from a measured base-model one (bench.runplan.CostModel). The target and each
+        of the R reference models score the candidates and the z samples (client view: every client's model
+        all z samples beside its own candidates), and each reference model reference 0's tuning items."""
+        r = self.n_reference or default_count(task.preset)
+        c = 2 * task.max_membership
+        pop = len(task.population) if task.population is not None else 2 * c
+        z = self.n_population or pop - pop // 2  # bench.reference.population_split: the z pool
+        k = task.fl.num_clients if view == "client_model" else 1
+        tune = 2 * self.n_tune * r * k if self.a is None and r >= 2 else 0
+        return ((1 + r) * (c + k * z) + tune) / (c + z)
 
     def run(self, obs: Observation, candidates: Sequence[Any] | None) -> Scores:
         if obs.model is None:

@@ -295,6 +295,44 @@ def test_cost_model_keeps_a_methods_configurations_apart_and_falls_back_to_the_m
     assert costs.cell_cost(ig()) == 50.0 and costs.cell_cost(ig(restarts=3)) == 125.0
 
 
+def test_a_reference_model_cell_without_records_is_estimated_from_its_base_model_cell(tmp_path):
+    # arrange: only the base-model rmia cells were measured (their reference models are the base model)
+    from types import SimpleNamespace
+
+    from attacks.rmia import RMIA
+    from bench.store import Store
+    from tests.test_store import record
+
+    store = Store(tmp_path)
+    for i, view in enumerate(("global_model", "client_model")):
+        store.write(
+            record(cell_id=f"{i:016x}", defense="base", attack="rmia", view=view, cost={"attack_wall_s": 110.0})
+        )
+    task = SimpleNamespace(
+        id="toy/mlp",
+        preset="default",
+        api=SimpleNamespace(family="llm-text"),
+        max_membership=250,  # 500 candidates
+        population=list(range(1200)),  # a z pool of 600
+        fl=SimpleNamespace(num_clients=4),
+    )
+    fedavg = FedAvg()
+    cell = lambda view, defense=fedavg: SimpleNamespace(  # noqa: E731
+        task=task, attack=RMIA(), view=view, defense=defense
+    )
+
+    # act
+    costs = CostModel.from_records(tmp_path)
+
+    # assert: target + 4 reference models score 500 + 600 items, each reference 256 tuning items (global); in the
+    # client view each of the 4 clients' models scores all 600 z samples and tunes on its own
+    assert costs.cell_cost(cell("global_model", None)) == 110.0
+    assert costs.cell_cost(cell("global_model")) == pytest.approx(110.0 * (5 * 1100 + 4 * 256) / 1100)
+    assert costs.cell_cost(cell("client_model")) == pytest.approx(110.0 * (5 * (500 + 4 * 600) + 16 * 256) / 1100)
+    store.write(record(cell_id=f"{9:016x}", defense="fedavg", attack="rmia", cost={"attack_wall_s": 999.0}))
+    assert CostModel.from_records(tmp_path).cell_cost(cell("global_model")) == 999.0  # measured wins
+
+
 def test_without_records_a_cell_costs_its_attacks_default_else_its_kinds():
     from types import SimpleNamespace
 
