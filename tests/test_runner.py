@@ -565,3 +565,30 @@ def test_the_leaderboard_flags_a_defense_seed_whose_membership_records_come_from
     assert clean == [] and same_utility.mixed_trainings() == []
     assert flagged == [(one["preset"], one["task"], "fedavg", 0, 2)]
     assert Results(legacy).mixed_trainings() == flagged
+
+
+def test_the_leaderboard_flags_recorded_cells_whose_training_run_failed_to_retrain(tmp_path):
+    # arrange: a finished matrix; then one cell failed because retraining the run failed (it diverged here)
+    from bench.report.markdown import training_banner
+    from bench.report.results import Results
+
+    run([toy_task()], [FedAvg()], [ToyLossMIA()], [0], tmp_path)
+    recs = records(tmp_path)
+    fedavg = [i for i, r in enumerate(recs) if r["defense"] == "fedavg" and r["status"] == "ok"]
+    diverged = "training failed: FloatingPointError: training diverged: client 0, round 3 of 3: non-finite loss nan"
+    failed = lambda reason: {**recs[fedavg[0]], "status": "failed", "reason": reason}  # noqa: E731
+    unreproduced = [failed(diverged) if i == fedavg[0] else r for i, r in enumerate(recs)]
+    ref_failed = [
+        failed("reference run 1 failed: OSError: disk full") if i == fedavg[0] else r for i, r in enumerate(recs)
+    ]
+    all_failed = [failed(diverged) if i in fedavg else r for i, r in enumerate(recs)]
+
+    # act
+    flagged = Results(unreproduced).unreproduced_trainings()
+    banner = training_banner(Results(unreproduced), recs[0]["scenario"])
+
+    # assert: only a failed retraining beside recorded cells is flagged, with the cells and the reason
+    assert flagged == [(recs[0]["preset"], recs[0]["task"], "fedavg", 0, len(fedavg) - 1, diverged)]
+    assert Results(recs).unreproduced_trainings() == [] and Results(ref_failed).unreproduced_trainings() == []
+    assert Results(all_failed).unreproduced_trainings() == []
+    assert len(banner) == 1 and banner[0].startswith("> **Training not reproduced: ") and "diverged" in banner[0]

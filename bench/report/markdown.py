@@ -281,12 +281,19 @@ def control_banner(res: Results, table: pd.DataFrame) -> list[str]:
 
 
 def training_banner(res: Results, scenario: str) -> list[str]:
-    """A banner for each (task, defense, seed) whose membership records come from more than one training run."""
+    """A banner for each (task, defense, seed) whose membership records come from more than one training run, or
+    whose recorded cells come from a run that retraining here failed to reproduce."""
     return [
         f"> **Mixed training runs: {md_escape(task)} {md_escape(d)} seed {seed} ({md_escape(p)})**: its membership "
         f"records were made from {n} different training runs (a run retrained after its cache was lost), so its "
         f"rows compare different models; `python -m bench run` redoes the records of the runs no longer cached.\n"
         for p, task, d, seed, n in res.mixed_trainings(scenario)
+    ] + [
+        f"> **Training not reproduced: {md_escape(task)} {md_escape(d)} seed {seed} ({md_escape(p)})**: its {n} "
+        f"recorded cells come from an earlier run of it (its cache is gone, e.g. trained on another CPU); "
+        f"retraining it here failed ({md_escape(why)}), so its other cells are `failed` and nothing here "
+        f"reproduces the recorded ones.\n"
+        for p, task, d, seed, n, why in res.unreproduced_trainings(scenario)
     ]
 
 

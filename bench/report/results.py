@@ -163,6 +163,26 @@ class Results:
                 out.append((*k, n))
         return out
 
+    def unreproduced_trainings(self, scenario: str | None = None) -> list[tuple[str, str, str, int, int, str]]:
+        """(preset, task, defense label, seed, recorded cells, reason) where some cells of a (task, defense, seed)
+        are recorded while others failed because its training run failed: the recorded ones come from an earlier
+        run (e.g. trained on another CPU, whose cache is gone) that retraining here did not reproduce (a run
+        that diverges on this machine), so nothing here checks them. ``bench run`` keeps them (module
+        bench.runner: a failed retraining leaves finished records as they are)."""
+        groups: dict[tuple[str, str, str, int], list[dict]] = {}
+        for r in self.select(scenario=scenario, status=None):
+            if r["defense"] != "base":
+                groups.setdefault((r["preset"], r["task"], r["defense_label"], r["seed"]), []).append(r)
+        out = []
+        for k, rs in sorted(groups.items()):
+            ok = sum(r["status"] == "ok" for r in rs)
+            why = sorted(
+                str(r.get("reason") or "") for r in rs if str(r.get("reason") or "").startswith("training failed")
+            )
+            if ok and why:
+                out.append((*k, ok, why[0]))
+        return out
+
     @classmethod
     def load(cls, out: str | Path) -> Results:
         """The records of ``out`` but the stale ones (``bench.staleness``: those ``bench run`` would redo),
