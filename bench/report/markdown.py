@@ -290,7 +290,7 @@ def training_banner(res: Results, scenario: str) -> list[str]:
         for p, task, d, seed, n in res.mixed_trainings(scenario)
     ] + [
         f"> **Training not reproduced: {md_escape(task)} {md_escape(d)} seed {seed} ({md_escape(p)})**: its {n} "
-        f"recorded cells come from an earlier run of it (its cache is gone, e.g. trained on another CPU); "
+        f"recorded membership cells come from an earlier run of it (its cache is gone, e.g. trained on another CPU); "
         f"retraining it here failed ({md_escape(why)}), so its other cells are `failed` and nothing here "
         f"reproduces the recorded ones.\n"
         for p, task, d, seed, n, why in res.unreproduced_trainings(scenario)

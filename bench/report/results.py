@@ -164,8 +164,9 @@ class Results:
         return out
 
     def unreproduced_trainings(self, scenario: str | None = None) -> list[tuple[str, str, str, int, int, str]]:
-        """(preset, task, defense label, seed, recorded cells, reason) where some cells of a (task, defense, seed)
-        are recorded while others failed because its training run failed: the recorded ones come from an earlier
+        """(preset, task, defense label, seed, recorded membership cells, reason) where some membership cells of a
+        (task, defense, seed) are recorded while others failed because its training run failed: the recorded ones
+        (reconstruction cells attack round-0 probes, which no training changes) come from an earlier
         run (e.g. trained on another CPU, whose cache is gone) that retraining here did not reproduce (a run
         that diverges on this machine), so nothing here checks them. ``bench run`` keeps them (module
         bench.runner: a failed retraining leaves finished records as they are)."""
@@ -175,7 +176,7 @@ class Results:
                 groups.setdefault((r["preset"], r["task"], r["defense_label"], r["seed"]), []).append(r)
         out = []
         for k, rs in sorted(groups.items()):
-            ok = sum(r["status"] == "ok" for r in rs)
+            ok = sum(r["status"] == "ok" and r.get("attack_kind") == "membership" for r in rs)  # scored the run
             why = sorted(
                 str(r.get("reason") or "") for r in rs if str(r.get("reason") or "").startswith("training failed")
             )
