@@ -111,22 +111,23 @@ class CostModel:
         return learned if learned is not None else self._default(task)["train"]
 
     def cell_cost(self, cell) -> float:
-        from .training import label
-
-        view, base = cell.view, cell.defense is None
-        learned = self.cell_s.get((cell.task.id, label(cell.attack), view, base))
-        if learned is None:
-            learned = self.by_name.get(("cell", cell.task.id, cell.attack.name, view, base))
+        base = cell.defense is None
+        learned = self._learned(cell, base=base)
         if learned is not None:
             return learned
         if not base and callable(rel := getattr(cell.attack, "relative_cost", None)):  # e.g. rmia: from its base cell
-            on_base = self.cell_s.get((cell.task.id, label(cell.attack), view, True))
-            if on_base is None:
-                on_base = self.by_name.get(("cell", cell.task.id, cell.attack.name, view, True))
+            on_base = self._learned(cell, base=True)
             if on_base is not None:
-                return on_base * float(rel(cell.task, view))
+                return on_base * float(rel(cell.task, cell.view))
         d = self._default(cell.task)
         return d.get(cell.attack.name, d.get(cell.attack.kind, d["membership"]))
+
+    def _learned(self, cell, *, base: bool) -> float | None:
+        """The median of the cell's configuration on a base-model or a trained target, else of its method's."""
+        from .training import label
+
+        got = self.cell_s.get((cell.task.id, label(cell.attack), cell.view, base))
+        return got if got is not None else self.by_name.get(("cell", cell.task.id, cell.attack.name, cell.view, base))
 
 
 def record_factor(rec: dict) -> float:
