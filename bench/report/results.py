@@ -177,11 +177,10 @@ class Results:
         out = []
         for k, rs in sorted(groups.items()):
             ok = sum(r["status"] == "ok" and r.get("attack_kind") == "membership" for r in rs)  # scored the run
-            why = sorted(
-                str(r.get("reason") or "") for r in rs if str(r.get("reason") or "").startswith("training failed")
-            )
+            reasons = (str(r.get("reason") or "") for r in rs)
+            why = min((w for w in reasons if w.startswith("training failed")), default="")
             if ok and why:
-                out.append((*k, ok, why[0]))
+                out.append((*k, ok, why))
         return out
 
     @classmethod
