@@ -52,6 +52,14 @@ Modelling choices (documented for the leaderboard reader):
   session 2026-11-27). Matching a soft sign of the dummy's gradient instead (g / sqrt(g^2 + (c rms g)^2))
   was worse (c = 0.1: 0.019, c = 1: 0.011, against 0.044 on seed 0); four restarts (Geiping et al.'s code
   runs up to 32) raised FedSGD's gap to 0.12-0.20 and left FedAvg's at 0.08-0.11.
+- The default ViT's reconstructions hold the right patches in the wrong places and with unmatched offsets (the
+  patch-permutation ambiguity of [GradViT]). Measured no better there (seed 0, 8 targets, SSIM minus random images',
+  FedSGD / FedAvg; 300 iterations: 0.106 / 0.065; session 2026-12-01): 1,200 iterations 0.117 / 0.066, 3,000
+  (FedAvg) 0.071; TV weight 0, 0.02, 1.0: 0.063 / 0.027, 0.061 / 0.020, 0.094 / 0.086; the layer-wise cosine 0.101 /
+  0.088; a [GradViT]-style patch prior (squared differences across patch borders, weight 0.1, 1, 10) 0.095-0.112 /
+  0.044-0.066. A uniform start in the valid box gave 0.151 / 0.081 (with the patch prior 0.171 / 0.105), one seed:
+  not made the default. [GradViT]'s remedy adds an image prior from a pre-trained CNN's BatchNorm statistics (not
+  built).
 """
 
 from __future__ import annotations
