@@ -68,16 +68,21 @@ def _head(stem: Path) -> Path:
 
 
 def save(stem: Path, tensors: Mapping[str, Tensor], meta: Mapping[str, Any]) -> Path:
-    """Write the entry ``stem`` (tensor file first, JSON commit last); returns the JSON path."""
+    """Write the entry ``stem`` (tensor file first, JSON commit last); returns the JSON path. Rewriting an entry (a
+    checkpoint saved every few steps) removes the tensor file the new commit replaces, so none piles up."""
     body = json.dumps({"format": FORMAT, "meta": meta}, default=_json_default)  # fail before writing anything
     data = st_save(_plain(tensors))
     digest = hashlib.sha256(data).hexdigest()
     tensor_name = f"{stem.name}-{digest[:12]}.safetensors"
+    before = head(stem)
     atomic_write_bytes(stem.parent / tensor_name, data)
-    head = json.loads(body)
-    head.update(tensors=tensor_name, sha256=digest, nbytes=len(data))
+    entry = json.loads(body)
+    entry.update(tensors=tensor_name, sha256=digest, nbytes=len(data))
     path = _head(stem)
-    atomic_write_bytes(path, json.dumps(head, indent=1, default=_json_default).encode())
+    atomic_write_bytes(path, json.dumps(entry, indent=1, default=_json_default).encode())
+    old = before.get("tensors") if before is not None else None
+    if isinstance(old, str) and old != tensor_name and _TENSOR_FILE.match(old):  # never a path outside the folder
+        (stem.parent / old).unlink(missing_ok=True)
     return path
 
 

@@ -263,6 +263,21 @@ def test_cache_entry_round_trips_tensors_order_and_metadata(tmp_path):
     assert meta["utility"] == {"acc": 0.25}
 
 
+def test_rewriting_a_cache_entry_removes_the_tensor_file_it_replaces(tmp_path):
+    # arrange: a checkpoint entry saved twice with other tensors
+    stem, _ = _entry(tmp_path)
+    first = _tensor_file(stem)
+
+    # act
+    cachefile.save(stem, {"global/b": torch.zeros(3), "global/a": torch.ones(2, 2)}, {"order": {"global": ["b", "a"]}})
+
+    # assert: one tensor file, the new one, and it loads
+    files = sorted(p.name for p in stem.parent.glob("k-*.safetensors"))
+    assert files == [_tensor_file(stem).name] and not first.exists()
+    groups, _ = cachefile.load(stem, _decode, quarantine_dir=tmp_path / "q")
+    assert torch.equal(groups["global"]["b"], torch.zeros(3))
+
+
 def _tensor_file(stem):
     return stem.parent / json.loads((stem.parent / f"{stem.name}.json").read_text())["tensors"]
 
