@@ -10,11 +10,13 @@ class AssetMissing(RuntimeError):
     """A model or data set is not available offline; the message says what and how to get it."""
 
 
-def cache_dir(*parts: str) -> Path:
-    """``$BENCH_CACHE`` (default ``~/.cache/bench``) / parts, created on demand."""
+def cache_dir(*parts: str, create: bool = True) -> Path:
+    """``$BENCH_CACHE`` (default ``~/.cache/bench``) / parts, created on demand (``create=False``: only the path,
+    for planners that must write nothing)."""
     root = Path(os.environ.get("BENCH_CACHE", Path.home() / ".cache" / "bench"))
     p = root.joinpath(*parts)
-    p.mkdir(parents=True, exist_ok=True)
+    if create:
+        p.mkdir(parents=True, exist_ok=True)
     return p
 
 

@@ -172,6 +172,7 @@ class Plan:
     # trained by this run: their records were made from runs no longer cached, so the runner checks them again
     # once the new runs exist and redoes those made from other weights (another CPU or thread count)
     recheck: dict[tuple, list] = field(default_factory=dict)
+    preparations: list = field(default_factory=list)  # uncached one-off builds the work needs (bench.preparations)
 
     def add(self, phase: str, seconds: float) -> None:
         """Count ``seconds`` of estimated work to ``phase``: "training", "reference runs" or an attack's name."""
@@ -191,8 +192,14 @@ class Plan:
         return sum(len(v) for v in self.needs_reference.values())
 
     @property
+    def prep_s(self) -> float:
+        """The pending one-off preparations' seconds: outside ``est_total_s`` (the work bar's units), added
+        whole to the wall estimate (a worker needing one waits for it while another builds it)."""
+        return sum(p.seconds for p in self.preparations)
+
+    @property
     def est_wall_s(self) -> float:
-        return self.est_total_s / max(1, self.jobs)
+        return self.est_total_s / max(1, self.jobs) + self.prep_s
 
     def render(self) -> str:
         src = (
@@ -226,6 +233,14 @@ class Plan:
                 *refs,
                 *(
                     [
+                        "      one-off preparations (built once per machine and cached, inside the first unit that "
+                        "needs them): " + ", ".join(f"{p.what} ~{fmt_duration(p.seconds)}" for p in self.preparations)
+                    ]
+                    if self.preparations
+                    else []
+                ),
+                *(
+                    [
                         f"      {self.to_recheck} recorded cell(s) of the runs to train are checked again once they "
                         f"are trained, and redone if made from other weights (e.g. trained on another CPU)"
                     ]
@@ -233,7 +248,9 @@ class Plan:
                     else []
                 ),
                 f"      estimated time: {fmt_duration(self.est_wall_s)} with {self.jobs} job(s) "
-                f"({fmt_duration(self.est_total_s)} of work; {src})",
+                f"({fmt_duration(self.est_total_s)} of work"
+                + (f" + {fmt_duration(self.prep_s)} of one-off preparations" if self.preparations else "")
+                + f"; {src})",
                 *([f"      work by phase: {by_phase(self.est_by_phase)}"] if self.est_by_phase else []),
                 *(
                     f"      reference runs cannot be planned (its reference-model cells will fail): {u}"
@@ -400,6 +417,9 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_befor
         if todo[1]:
             pl.needs_reference[key] = todo[1]
             pl.add("reference runs", len(todo[1]) * model.train_cost(c.task, c.defense))  # the target's recipe
+    from .preparations import pending
+
+    pl.preparations = pending((c.task.id, c.task.preset) for group in pl.groups.values() for c in group)
     for key, group in finished.items():
         again = [c for c in group if key in pl.needs_training or (key in pl.needs_reference and uses_reference(c))]
         if again:

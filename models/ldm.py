@@ -573,19 +573,26 @@ def base_from(cfg: LDMConfig, res: PretrainResult) -> LatentDiffusion:
     return model.eval()
 
 
+def base_stem(cfg: LDMConfig, data_spec: dict[str, Any], *, create: bool = True) -> Path:
+    """The pre-trained base's cache entry: ``base.json`` + ``base-<sha12>.safetensors`` (bench/cachefile.py: no
+    pickle, checksummed) in ``$BENCH_CACHE/ldm/<key>`` of (architecture, data, diffusers version)."""
+    import diffusers
+
+    from bench.store import stable_hash
+
+    key = stable_hash({"arch": cfg.arch(), "data": data_spec, "diffusers": diffusers.__version__})
+    return cache_dir("ldm", key, create=create) / "base"
+
+
 def load_or_pretrain(
     cfg: LDMConfig, data_spec: dict[str, Any], make_data: Callable[[], tuple[Tensor, Tensor, Tensor]]
 ) -> tuple[PretrainResult, Path]:
     """The cached pre-trained base for (config, data) or pre-train it now (once per machine: a file lock
     serialises concurrent runs; the result is written atomically). Returns (result, cache file)."""
-    import diffusers
-
     from bench import cachefile
-    from bench.store import stable_hash
 
-    key = stable_hash({"arch": cfg.arch(), "data": data_spec, "diffusers": diffusers.__version__})
-    d = cache_dir("ldm", key)
-    stem = d / "base"  # base.json + base-<sha12>.safetensors (bench/cachefile.py: no pickle, checksummed)
+    stem = base_stem(cfg, data_spec)
+    d, key = stem.parent, stem.parent.name
     with file_lock(d / "lock"):
         res = cachefile.load(
             stem,

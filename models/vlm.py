@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -505,6 +506,15 @@ def projector_key(spec: dict[str, Any], *, steps: int, batch_size: int, lr: floa
     )
 
 
+def projector_stem(
+    spec: dict[str, Any], *, steps: int, batch_size: int, lr: float, seed: int, create: bool = True
+) -> Path:
+    """The aligned projector's cache entry: ``projector.json`` + ``projector-<sha12>.safetensors``
+    (bench/cachefile.py: no pickle) in ``$BENCH_CACHE/vlm/<projector_key>`` (``create=False``: the path only)."""
+    key = projector_key(spec, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
+    return cache_dir("vlm", key, create=create) / "projector"
+
+
 def load_or_pretrain_projector(
     spec: dict[str, Any],
     make_model: Callable[[], SmallVLM],
@@ -521,9 +531,8 @@ def load_or_pretrain_projector(
     from bench import cachefile
     from models.ldm import file_lock
 
-    key = projector_key(spec, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
-    d = cache_dir("vlm", key)
-    stem = d / "projector"  # projector.json + projector-<sha12>.safetensors (bench/cachefile.py: no pickle)
+    stem = projector_stem(spec, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
+    d, key = stem.parent, stem.parent.name
 
     def decode(tensors: dict[str, Tensor], meta: dict[str, Any]) -> tuple[dict[str, Tensor], dict]:
         return cachefile.unflatten(tensors, meta["order"])["state"], meta["log"]
@@ -536,6 +545,7 @@ def load_or_pretrain_projector(
         cached = cachefile.load(stem, decode, quarantine_dir=d / "quarantine", legacy=(d / "projector.pt", legacy))
         if cached is not None:
             return cached[0], cached[1], d / "projector.json"
+        t0 = time.monotonic()
         model = make_model()
         state, log = pretrain_projector(
             model,
@@ -549,6 +559,7 @@ def load_or_pretrain_projector(
             checkpoint=d / "partial",
         )
         log["spec"] = spec
+        log["seconds"] = round(time.monotonic() - t0, 1)  # this build's (a resumed one: since the resume)
         tensors, order = cachefile.flatten({"state": state})
         cachefile.save(stem, tensors, {"log": log, "order": order})
         for f in d.glob("partial*"):  # the finished entry supersedes the checkpoint

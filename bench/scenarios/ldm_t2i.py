@@ -571,6 +571,24 @@ def _diffusion_spec(p: Spec) -> DiffusionSpec:
     )
 
 
+# One-off preparation (bench.preparations): the default base's pre-training, measured at 1 thread beside two other
+# processes (session 2026-12-01): 27 s to render and encode the public data, 326 s to pre-train (VAE 44 s, UNet
+# 273 s; 336 s of CPU). Smoke's takes ~13 s and is not declared.
+BASE_SECONDS = {"default": 355.0}
+
+
+def preparations(preset: str) -> list:
+    """The pre-trained base when the preset pre-trains one and it takes long (bench.preparations)."""
+    from bench.preparations import Preparation
+
+    p = preset_entry(SPECS, preset)
+    seconds = BASE_SECONDS.get(preset)
+    if seconds is None or not (p.model.vae_steps or p.model.unet_steps):
+        return []
+    stem = ldm.base_stem(p.model, public_spec(p), create=False)
+    return [Preparation("ldm-t2i base pre-training", ("ldm-t2i",), stem, seconds)]
+
+
 def specs(preset: str):
     """The task as ``bench list`` plans it, without rendering data or loading a model (bench.specs); None on
     ``paper`` (SD v1.5's blocks are counted on the loaded model) and when Fashion-MNIST is not installed."""
