@@ -144,7 +144,10 @@ SPECS: dict[str, Spec] = {
     # of 4 clients' updates dilutes each member): still FAILS; base model 0.51; CIDEr 15.9, perplexity 2.55.
     # Exposures matter, not detail length: two details per caption (~17 nats) at 1 local epoch (scratch run, the
     # same harness) gave 0.595 global / 0.646 client, as one detail did (0.608 / 0.642). Next for the global view:
-    # more rounds or epochs (each epoch ~19 min of training here).
+    # more rounds or epochs (each epoch ~19 min of training here). Stronger attacks on the same FedAvg seed-0 run
+    # (250 + 250) do not lift it to 0.75: gradient_mia 0.543 (session 2026-12-01); RMIA with 4 reference runs of the
+    # target's recipe (each ~53 min here, --jobs 2) 0.688, its offline LiRA 0.695, against loss 0.645 on that run
+    # (session 2026-12-02; the cell 1,104 s at 2 threads).
     # Measured costs (session 2026-11-27, 1 thread per process, the other core busy): projector alignment 8.1-8.4 s
     # per step (200 steps ~27 min, once per machine); a training run at this budget 2,371 s (FedAvg) / 2,393 s
     # (FedRand) with two runs side by side (--jobs 2).
