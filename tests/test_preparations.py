@@ -56,7 +56,7 @@ class _Found(Exception):
 
 def _lock_finder(monkeypatch):
     """models.ldm.file_lock, which both loaders take in their entry's folder before anything else: raises with
-    the folder, so nothing is built or written."""
+    the folder, so nothing is built (the loader has created the empty folder by then)."""
     import models.ldm
 
     def found(path):
