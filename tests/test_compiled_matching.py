@@ -104,17 +104,23 @@ def test_a_failed_auto_compile_falls_back_to_eager_and_says_so():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["weights_unrolled", "masked", "per_param"])
+@pytest.mark.parametrize("variant", ["weights_unrolled", "masked", "per_param", "sign"])
 def test_compiled_variants_equal_the_eager_ones(variant):
-    """The weights message unrolled over local steps, FLRSP's adaptive zero mask, the layer-wise cosine
-    (on a net without BatchNorm: with batch-1 train-mode BatchNorm the bias before it has a gradient of
-    rounding noise, whose layer-wise cosine amplifies reassociation differences to O(1))."""
+    """The weights message unrolled over local steps, FLRSP's adaptive zero mask, the sign pairing of an Adam
+    client's one-step update, the layer-wise cosine (on a net without BatchNorm: with batch-1 train-mode
+    BatchNorm the bias before it has a gradient of rounding noise, whose layer-wise cosine amplifies
+    reassociation differences to O(1))."""
     model, x, grads, api = _bn_observations()
     if variant == "per_param":
         model = lenet()
         grads = client_gradient(model, x, 3)
         obs = observe(model, grads, task_api("cnn", lenet))
         attack = InvertingGradients(compiled="on", similarity="per_param")
+    elif variant == "sign":  # an Adam client's one-step update: the gradient's signs
+        glob = {n: p.detach().clone() for n, p in model.named_parameters()}
+        weights = {n: glob[n] - 0.01 * grads[n].sign() for n in glob}
+        obs = observe(model, weights, api, kind="weights", global_state=glob, lr=0.01, local_steps=1, optimizer="adam")
+        attack = InvertingGradients(compiled="on")
     elif variant == "weights_unrolled":
         glob = {n: p.detach().clone() for n, p in model.named_parameters()}
         weights = {n: glob[n] - 0.01 * grads[n] for n in glob}
