@@ -4,10 +4,13 @@ default), the check ``bench run`` makes before skipping a cell, made here from t
 declarations, ``bench.specs``; no task is built, no training cache read). The leaderboard leaves them out, as it
 does records of a superseded task configuration, and says how many: pooling them with current records would put
 two protocols in one row. A record the check cannot rebuild (a scenario, method or parameter this code no longer
-has, a scenario that declares no configuration) is kept and counted as unchecked."""
+has, a scenario that declares no configuration) is kept and counted as unchecked. A record made before a default
+changed keeps the old value in its parameters while its label (and id) omits it: it is rebuilt as its label
+names it, as ``bench run`` builds the cell, and found stale by its parameters."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -38,6 +41,14 @@ def _method(registry, name: str, params: dict[str, Any], kind: str, memo: dict) 
     return memo[key]
 
 
+def _labelled(params: dict[str, Any], label: str) -> dict[str, Any]:
+    """The parameters a record's label names (``flrsp(R=0.8,form=fedsgd)``: R and form), with the record's values:
+    the configuration as the grid builds it, whose other fields take today's defaults."""
+    inner = label[label.index("(") + 1 : -1] if label.endswith(")") and "(" in label else ""
+    keys = set(re.findall(r"(?:^|,)\s*([A-Za-z_]\w*)=", inner))
+    return {k: v for k, v in params.items() if k in keys}
+
+
 def _tasks(scenario: str, preset: str, memo: dict) -> dict[str, Any]:
     from .registry import SCENARIOS
     from .specs import configured, declared
@@ -51,10 +62,27 @@ def _tasks(scenario: str, preset: str, memo: dict) -> dict[str, Any]:
     return memo[scenario, preset]
 
 
-def check(records: Iterable[dict]) -> Staleness:
-    """The finished records (``ok`` / ``n/a``) whose cell, rebuilt from the record, expects other field values."""
+def _cell(r: dict, task: Any, full: bool, memo: dict) -> Any:
+    """The record's cell rebuilt from its parameters (``full``) or from those its labels name, or None."""
     from .matrix import Cell
     from .registry import ATTACKS, DEFENSES
+
+    if task is None:
+        return None
+
+    def params(kind: str) -> dict[str, Any]:
+        got = r.get(f"{kind}_params") or {}
+        return got if full else _labelled(got, r.get(f"{kind}_label") or "")
+
+    defense = None if r["defense"] == "base" else _method(DEFENSES, r["defense"], params("defense"), "defense", memo)
+    attack = _method(ATTACKS, r["attack"], params("attack"), "attack", memo)
+    if attack is None or (defense is None and r["defense"] != "base"):
+        return None
+    return Cell(task, defense, attack, r["view"], r["seed"])
+
+
+def check(records: Iterable[dict]) -> Staleness:
+    """The finished records (``ok`` / ``n/a``) whose cell, rebuilt from the record, expects other field values."""
     from .store import mismatch
 
     out = Staleness()
@@ -63,18 +91,14 @@ def check(records: Iterable[dict]) -> Staleness:
         if r.get("status") not in ("ok", "n/a"):
             continue
         task = _tasks(r["scenario"], r["preset"], memo).get(r["task"])
-        defense = (
-            None
-            if r["defense"] == "base"
-            else _method(DEFENSES, r["defense"], r.get("defense_params") or {}, "defense", memo)
-        )
-        attack = _method(ATTACKS, r["attack"], r.get("attack_params") or {}, "attack", memo)
-        if task is None or attack is None or (defense is None and r["defense"] != "base"):
-            out.unchecked += 1
-            continue
         try:
-            cell = Cell(task, defense, attack, r["view"], r["seed"])
-            if cell.id != r["cell_id"]:
+            # the record's own configuration; where that no longer gives the record's id (a default changed since,
+            # so the label now names it), the configuration its label names, as ``bench run`` builds the cell
+            cell = next(
+                (c for c in (_cell(r, task, full, memo) for full in (True, False)) if c and c.id == r["cell_id"]),
+                None,
+            )
+            if cell is None:
                 out.unchecked += 1
                 continue
             expected = cell.expected()

@@ -18,7 +18,7 @@ def _record(cell: Cell, **over) -> dict:
     return jsonable(record(**{**skel, "attack_kind": cell.attack.kind, **over}))
 
 
-def test_records_made_under_an_earlier_protocol_or_budget_are_stale_and_unknown_ones_unchecked():
+def test_records_made_under_an_earlier_protocol_budget_or_default_are_stale_and_unknown_ones_unchecked():
     # arrange: declared smoke image-cls cells (no task built) and records of them
     from attacks.inverting_gradients import InvertingGradients
     from attacks.loss_mia import LossMIA
@@ -31,19 +31,36 @@ def test_records_made_under_an_earlier_protocol_or_budget_are_stale_and_unknown_
     current = [_record(c) for c in (recon, member, refs)]
     old_probe = _record(recon, probe="train-mode BatchNorm")  # an earlier probe protocol
     old_batches = {k: v for k, v in _record(refs).items() if k != "fedsgd_batches"}  # before seeded batches
-    other_budget = _record(member, attack_params={**_record(member)["attack_params"], "batch_size": 3})
+    # made when the default batch size was 3: its label omits the parameter its params give another value
+    old_default = _record(member, attack_params={**_record(member)["attack_params"], "batch_size": 3})
     toy = record()  # a scenario this code does not have
 
     # act
     fresh = check(current)
-    found = check([old_probe, old_batches, other_budget, toy])
+    found = check([old_probe, old_batches, old_default, toy])
 
     # assert
     assert fresh.stale == {} and fresh.unchecked == 0
-    assert set(found.stale) == {f"image-cls/{recon.id}", f"image-cls/{refs.id}"}
+    assert set(found.stale) == {f"image-cls/{recon.id}", f"image-cls/{refs.id}", f"image-cls/{member.id}"}
     assert found.stale[f"image-cls/{recon.id}"].startswith("probe:")
     assert found.stale[f"image-cls/{refs.id}"].startswith("fedsgd_batches:")
-    assert found.unchecked == 2  # another configuration's parameters under this cell id, and the toy record
+    assert found.stale[f"image-cls/{member.id}"].startswith("attack_params:")
+    assert found.unchecked == 1  # the toy record
+
+
+def test_a_record_of_a_non_default_configuration_stays_current_when_a_default_changes():
+    """A label names the parameters set away from the defaults: a record of ``inverting_gradients(restarts=2)`` made
+    before another field's default changed is stale (rebuilt as the grid builds it, its params differ), one made
+    after is current."""
+    from attacks.inverting_gradients import InvertingGradients
+
+    task = next(t for t in declared(SCENARIOS.get("image-cls"), "smoke") if t.id.endswith("vit"))
+    cell = Cell(task, FedSGD(), InvertingGradients(restarts=2), "client_update", 0)
+    now = _record(cell)
+    before = _record(cell, attack_params={**now["attack_params"], "init": "zeros"})
+
+    assert check([now]).stale == {} and check([now]).unchecked == 0
+    assert list(check([before]).stale.values())[0].startswith("attack_params:")
 
 
 def test_the_leaderboard_leaves_stale_records_out_and_counts_them(tmp_path):
