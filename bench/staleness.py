@@ -41,11 +41,16 @@ def _method(registry, name: str, params: dict[str, Any], kind: str, memo: dict) 
     return memo[key]
 
 
-def _labelled(params: dict[str, Any], label: str) -> dict[str, Any]:
-    """The parameters a record's label names (``flrsp(R=0.8,form=fedsgd)``: R and form), with the record's values:
-    the configuration as the grid builds it, whose other fields take today's defaults."""
+def label_keys(label: str) -> set[str]:
+    """The parameter names a label sets (``flrsp(R=0.8,form=fedsgd)``: R and form; ``bench.training.label``)."""
     inner = label[label.index("(") + 1 : -1] if label.endswith(")") and "(" in label else ""
-    keys = set(re.findall(r"(?:^|,)\s*([A-Za-z_]\w*)=", inner))
+    return set(re.findall(r"(?:^|,)\s*([A-Za-z_]\w*)=", inner))
+
+
+def _labelled(params: dict[str, Any], label: str) -> dict[str, Any]:
+    """The parameters a record's label names, with the record's values: the configuration as the grid builds it,
+    whose other fields take today's defaults."""
+    keys = label_keys(label)
     return {k: v for k, v in params.items() if k in keys}
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..controls import Control, positive_controls, reconstruction_controls
+from ..staleness import label_keys
 from ..store import Store, current_config
 from .stats import Estimate, clipped, membership_estimate, sample_estimate, seed_estimate, unresolvable
 
@@ -38,11 +38,6 @@ def lower_is_better(utility_key: str) -> bool:
 # records
 
 
-def _label_keys(label: str) -> set[str]:
-    inner = label[label.find("(") + 1 : -1] if label.endswith(")") and "(" in label else ""
-    return set(re.findall(r"(?:^|,)(\w+)=", inner))
-
-
 def _value_eq(raw: str, val: Any) -> bool:
     if isinstance(val, bool):
         return raw.lower() in (("true", "1", "yes") if val else ("false", "0", "no"))
@@ -59,7 +54,7 @@ def spec_matches(spec: str, name: str, params: dict, label: str) -> bool:
     from ..registry import parse_spec
 
     want, kv = parse_spec(spec)
-    if want != name or not _label_keys(label) <= set(kv):
+    if want != name or not label_keys(label) <= set(kv):
         return False
     return all(k in params and _value_eq(v, params[k]) for k, v in kv.items())
 
