@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
         "claim reads",
     )
     r.add_argument(
+        "--task",
+        default="all",
+        help="tasks to run: a comma list of the scenarios' task ids (e.g. image-cls/vit), or 'all' (default)",
+    )
+    r.add_argument(
         "--verbose",
         action="store_true",
         help="show third-party loading output and warnings; with --dry-run, list the cells to run",
@@ -156,6 +161,32 @@ def view_names(arg: str) -> tuple[str, ...] | None:
         if n not in VIEWS:
             raise UsageError(unknown_message("view", n, [*VIEWS, "all"]))
     return tuple(unique_names(names, "view"))
+
+
+def task_ids(arg: str, names: list[str], preset: str) -> tuple[str, ...] | None:
+    """``--task``: None for 'all', else the named task ids, checked against the scenarios' declared tasks before
+    anything is built or written (an unknown or repeated id is a usage error listing the choices)."""
+    from .specs import declared
+
+    if arg.strip() == "all":
+        return None
+    decl = [declared(SCENARIOS.get(n), preset) for n in names]
+    known = [d.id for ds in decl for d in ds or ()] if all(ds is not None for ds in decl) else None
+    ids = [n.strip() for n in arg.split(",") if n.strip()]
+    for n in ids or [arg]:
+        if not ids or known is not None and n not in known:
+            raise UsageError(unknown_message("task", n, [*(known or []), "all"]))
+    return tuple(unique_names(ids, "task"))
+
+
+def only_tasks(tasks: list, ids: tuple[str, ...] | None) -> list:
+    """The tasks ``--task`` names (all for None), in the scenarios' order; a name no built task has is an error."""
+    if ids is None:
+        return tasks
+    missing = [i for i in ids if i not in {t.id for t in tasks}]
+    if missing:
+        raise UsageError(unknown_message("task", missing[0], [*(t.id for t in tasks), "all"]))
+    return [t for t in tasks if t.id in ids]
 
 
 def parse_seeds(raw: str) -> list[int]:
@@ -276,11 +307,12 @@ def cmd_run(a) -> int:
     seeds = parse_seeds(a.seeds)
     views = view_names(a.view)
     redo = redo_time(a.redo_before)
+    names = scenario_names(a.scenario)
+    tids = task_ids(a.task, names, preset)
     out = writable_dir(a.out)  # before any work: a bad --out fails now, not after training
     full = (a.grid or ("defaults" if preset == "smoke" else "full")) == "full"
     defenses = expand(DEFENSES, a.defense, full_grid=full)
     attacks = expand(ATTACKS, a.attack)
-    names = scenario_names(a.scenario)
     device = resolve_device(a.device)
     precision = check_precision(a.precision, device)
     jobs, cfg = worker_config(a, preset, device)  # after expand(): contributed files are loaded by then
@@ -292,11 +324,11 @@ def cmd_run(a) -> int:
     # every cell recorded already: plan over the declarations (bench.specs), no task built, no model library
     # imported; otherwise build them (may raise AssetMissing: still nothing written)
     tasks = recorded_tasks(
-        names, preset, precision, defenses, attacks, seeds, out, readonly=a.dry_run, redo=redo, views=views
+        names, preset, precision, defenses, attacks, seeds, out, readonly=a.dry_run, redo=redo, views=views, task=tids
     )
     recorded = tasks is not None
     if tasks is None:
-        tasks = build_tasks(names, preset, precision)
+        tasks = only_tasks(build_tasks(names, preset, precision), tids)
 
     if a.dry_run:  # the plan only: nothing is written (a damaged record is reported, not moved), no worker started
         store, costs = Store(out, readonly=True), CostModel.from_records(out, readonly=True, device=device)
@@ -372,11 +404,13 @@ def recorded_tasks(
     readonly: bool = False,
     redo=None,
     views=None,
+    task: tuple[str, ...] | None = None,
 ) -> list | None:
     """The scenarios' declared tasks (bench.specs) when every cell they plan is finished (ok or n/a) in ``out``,
     so a fully cached re-run builds none; None when a cell is to run, a scenario declares no configuration at
     this preset, or declaring fails (building then runs, or reports the problem). ``readonly``: damaged records
-    are skipped, not quarantined (a dry run); ``redo``: --redo-before's time; ``views``: --view's views."""
+    are skipped, not quarantined (a dry run); ``redo``: --redo-before's time; ``views``: --view's views; ``task``:
+    --task's ids."""
     from .runner import plan
     from .runplan import Done
     from .specs import configured, declared
@@ -391,7 +425,7 @@ def recorded_tasks(
             decl = declared(SCENARIOS.get(n), preset)
             if not configured(decl):
                 return None
-            mine = [with_precision(d, precision) for d in decl or ()]
+            mine = only_tasks([with_precision(d, precision) for d in decl or ()], task)
             cells = plan(mine, defenses, attacks, seeds, views=views)
             if not all(c.error is None and done(c) for c in cells):
                 return None

@@ -61,8 +61,8 @@ def smollm2_gguf() -> Path:
     return path
 
 
-def _smollm2_dirs() -> tuple[Path, Path]:
-    root = cache_dir("smollm2")
+def _smollm2_dirs(*, create: bool = True) -> tuple[Path, Path]:
+    root = cache_dir("smollm2", create=create)
     version = md.version(SMOLLM2_PACKAGE)
     return root / f"{SMOLLM2_NAME}-{version}", root / f"tokenizer-{version}"
 
@@ -132,7 +132,7 @@ def smollm2_tokenizer_dir() -> Path | None:
     before the first conversion or without the package."""
     if not _has_smollm2():
         return None
-    return next((d for d in _smollm2_dirs() if _complete(d)), None)
+    return next((d for d in _smollm2_dirs(create=False) if _complete(d)), None)  # a planner writes nothing
 
 
 def _has_smollm2() -> bool:

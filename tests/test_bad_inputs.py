@@ -197,6 +197,11 @@ MALFORMED = [
     (["--view", ","], "Valid choices: global_model, client_model, client_update, released_model, all"),
     (["--view", "client_model,client_model"], "view 'client_model' is given twice"),
     (["--grid", "some"], "invalid choice: 'some'"),
+    (["--task", "nope"], "unknown task 'nope'"),
+    (["--task", "image-cls/vitt"], "Did you mean 'image-cls/vit'"),
+    (["--task", ","], "Valid choices: "),
+    (["--scenario", "llm-text", "--task", "image-cls/vit"], "unknown task 'image-cls/vit'"),
+    (["--task", "image-cls/vit,image-cls/vit"], "task 'image-cls/vit' is given twice"),
     # seeds
     (["--seeds", "0"], f"--seeds must be a positive integer (at most {MAX_SEEDS}; seeds 0..N-1), a range A-B"),
     (["--seeds", "-1"], "--seeds must be a positive integer"),

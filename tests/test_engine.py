@@ -180,6 +180,32 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys, verbose):
     assert len(listed) == (1 if verbose else 0)
 
 
+def test_task_filter_plans_only_the_named_tasks(tmp_path, capsys):
+    from bench.cli import main
+
+    argv = ["run", "--scenario", "image-cls", "--defense", "fedsgd", "--attack", "inverting_gradients"]
+    code = main([*argv, "--preset", "smoke", "--out", str(tmp_path / "o"), "--dry-run", "--verbose"])
+    both = capsys.readouterr().out
+    code2 = main(
+        [
+            *argv,
+            "--preset",
+            "smoke",
+            "--out",
+            str(tmp_path / "o"),
+            "--dry-run",
+            "--verbose",
+            "--task",
+            "image-cls/resnet34",
+        ]
+    )
+    one = capsys.readouterr().out
+
+    assert code == code2 == 0
+    assert "image-cls/vit fedsgd" in both and "image-cls/resnet34 fedsgd" in both
+    assert "image-cls/vit" not in one and "image-cls/resnet34 fedsgd seed 0 [train]" in one
+
+
 @pytest.mark.parametrize(
     "flags, problem",
     [
