@@ -101,6 +101,14 @@ def _bare(r: dict) -> bool:
     return "(" not in r.get("defense_label", "")
 
 
+def _near(x: float, threshold: float) -> str:
+    """``x`` to 3 decimals, or to as many as it takes not to print it equal to the threshold it is compared with."""
+    for digits in range(3, 8):
+        if round(x, digits) != round(threshold, digits):
+            break
+    return f"{x:+.{digits}f}"
+
+
 def positive_controls(records: Iterable[dict]) -> list[Control]:
     """One ``Control`` per (preset, task, membership view of the task's baseline); sorted."""
     ok = [r for r in records if r.get("status") == "ok" and r.get("attack_kind") == "membership"]
@@ -141,7 +149,7 @@ def positive_controls(records: Iterable[dict]) -> list[Control]:
             passed = lo >= GAP_MIN
             reason = (
                 f"{attack} AUROC {auroc:.3f}; minus the base model's on the same candidates {g:+.3f}, "
-                f"interval lower end {lo:+.3f} {'>=' if passed else '<'} {GAP_MIN} ({how})"
+                f"interval lower end {_near(lo, GAP_MIN)} {'>=' if passed else '<'} {GAP_MIN} ({how})"
             )
             out.append(Control(**head, passed=passed, reason=reason, gap=g, gap_lo=lo, paired=paired))
     return out
@@ -197,8 +205,9 @@ def reconstruction_controls(records: Iterable[dict]) -> list[Control]:
         lo = percentile_interval(hierarchical(groups, draw, rng, N_BOOT))[0]
         passed = lo >= SSIM_GAP_MIN
         reason = (
-            f"{attack} SSIM minus random images' on the same targets {gap:+.3f}, interval lower end {lo:+.3f} "
-            f"{'>=' if passed else '<'} {SSIM_GAP_MIN} ({len(groups)} seed(s) x {len(groups[0])} targets)"
+            f"{attack} SSIM minus random images' on the same targets {gap:+.3f}, interval lower end "
+            f"{_near(lo, SSIM_GAP_MIN)} {'>=' if passed else '<'} {SSIM_GAP_MIN} "
+            f"({len(groups)} seed(s) x {len(groups[0])} targets)"
         )
         out.append(Control(**head, passed=passed, reason=reason, gap=gap, gap_lo=lo, paired=True))
     return out

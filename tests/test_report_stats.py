@@ -184,6 +184,12 @@ def test_reconstruction_control_passes_fails_or_is_not_checked():
     assert controls.failures(clear + faint + old) == [out[("sc/a", "fedavg")].line()]  # not checked: no warning
 
 
+def test_a_lower_end_just_under_the_threshold_is_not_printed_equal_to_it():
+    assert controls._near(0.0997, 0.1) == "+0.0997"  # "+0.100 < 0.1" would read as a contradiction
+    assert controls._near(0.0899, 0.1) == "+0.090"
+    assert controls._near(0.25, 0.1) == "+0.250"
+
+
 def test_a_reconstruction_clause_against_a_baseline_at_random_level_is_inconclusive_not_contradicted(tmp_path):
     from bench.report.clauses import leakage_comparisons
 
