@@ -148,6 +148,10 @@ SPECS = {
 # and, for the FedAvg client's Adam (a one-step update of signs), matching by sign agreement (attacks/
 # inverting_gradients.py; chosen on seed 0): 3 seeds x 8 targets, gap +0.172 FedAvg / +0.162 FedSGD, lower ends
 # +0.100 / +0.089 (before +0.076 / +0.114): still short; ResNet34 +0.234 / +0.236 (before +0.191 / +0.171).
+# 8 restarts instead of 4 (session 2026-12-02, scratch, the same targets): FedAvg seed 0 0.183 (4: 0.182), seed 1
+# 0.184 (0.161), FedSGD seed 0 0.210 (0.216): no gain worth twice the time. The interval is wide because one photo
+# (rocket, +0.43 to +0.77) carries the mean while client 0's Fashion-MNIST images sit near +0.1: more client targets
+# would narrow the interval but lower the mean (about +0.135 at 16 targets, lower end ~+0.09 by the same spread).
 INVERSION_ITERATIONS = {"smoke": 60, "default": 300, "paper": 24_000}
 
 
