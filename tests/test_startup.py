@@ -183,6 +183,16 @@ def test_a_missing_cell_builds_the_tasks(tmp_path):
     assert cli.recorded_tasks(["image-cls"], "smoke", "fp32", defenses, attacks, [0, 1], tmp_path) is None
 
 
+def test_a_task_filter_needs_only_its_tasks_recorded(tmp_path):
+    tasks = [t for t in _built("image-cls", "smoke") if t.id == "image-cls/vit"]
+    n = _record_every_cell(tmp_path, tasks, "fedavg", "loss_mia")  # the resnet34 task has none
+
+    got, stdout = _cached_run(tmp_path, "image-cls", "--task", "image-cls/vit")
+
+    assert got["rc"] == 0
+    assert f"{n} already done" in "\n".join(stdout) and "cells: 0 ok, 0 n/a, 0 failed" in "\n".join(stdout)
+
+
 def test_a_cached_rerun_starts_no_executor(tmp_path):
     _record_every_cell(tmp_path, list(_built("image-cls", "smoke")), "fedavg", "loss_mia")
 
