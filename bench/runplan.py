@@ -8,6 +8,7 @@ made on another CPU is scaled to this one by the two machines' speed probes (ben
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 from collections import defaultdict
@@ -172,6 +173,10 @@ class Plan:
     # trained by this run: their records were made from runs no longer cached, so the runner checks them again
     # once the new runs exist and redoes those made from other weights (another CPU or thread count)
     recheck: dict[tuple, list] = field(default_factory=dict)
+    # of them, those whose record names another CPU than this one (or none): retraining here is unlikely to give
+    # the same weights, so they are likely redone; their estimated work, not in ``est_total_s`` (the bar grows)
+    likely_redo: int = 0
+    likely_redo_s: float = 0.0
     preparations: list = field(default_factory=list)  # uncached one-off builds the work needs (bench.preparations)
 
     def add(self, phase: str, seconds: float) -> None:
@@ -243,6 +248,13 @@ class Plan:
                     [
                         f"      {self.to_recheck} recorded cell(s) of the runs to train are checked again once they "
                         f"are trained, and redone if made from other weights (e.g. trained on another CPU)"
+                        + (
+                            f"; {self.likely_redo} of them name another CPU (or none) and are likely redone: "
+                            f"~{fmt_duration(self.likely_redo_s / max(1, self.jobs))} more with {self.jobs} job(s), "
+                            f"not in the estimate below"
+                            if self.likely_redo
+                            else ""
+                        )
                     ]
                     if self.recheck
                     else []
@@ -424,7 +436,24 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_befor
         again = [c for c in group if key in pl.needs_training or (key in pl.needs_reference and uses_reference(c))]
         if again:
             pl.recheck[key] = again
+            elsewhere = [c for c in again if not made_here(store, c)]
+            pl.likely_redo += len(elsewhere)
+            pl.likely_redo_s += sum(model.cell_cost(c) for c in elsewhere)
     return pl
+
+
+def made_here(store, cell) -> bool:
+    """Whether the cell's finished record names this machine's CPU (``provenance.machine``): only then can
+    retraining here be expected to give the weights it was scored on (thread counts aside)."""
+    from .machine import cpu_name
+
+    path = store.record_path(cell.task.scenario, cell.id)
+    try:
+        rec = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    machine = (rec.get("provenance") or {}).get("machine") if isinstance(rec, dict) else None
+    return isinstance(machine, dict) and machine.get("cpu") == cpu_name()
 
 
 def uses_reference(cell) -> bool:

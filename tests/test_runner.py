@@ -482,7 +482,8 @@ def test_records_of_a_run_retrained_in_the_same_run_are_checked_again_and_redone
     paths = _membership_records(tmp_path)
     for p in paths.values():
         rec = json.loads(p.read_text())
-        p.write_text(json.dumps({**rec, "training": {"sha256": "0" * 16}}))
+        prov = {**rec["provenance"], "machine": {**rec["provenance"]["machine"], "cpu": "another CPU"}}
+        p.write_text(json.dumps({**rec, "training": {"sha256": "0" * 16}, "provenance": prov}))
     _drop_training_cache(tmp_path)
 
     # act: the run trains the run again for the new cell
@@ -493,6 +494,7 @@ def test_records_of_a_run_retrained_in_the_same_run_are_checked_again_and_redone
     (head,) = (tmp_path / "cache" / "train").glob("*.json")
     now = json.loads(head.read_text())["sha256"][:16]
     assert plans[0].to_recheck == len(paths) > 0 and f"{len(paths)} recorded cell(s)" in plans[0].render()
+    assert plans[0].likely_redo == len(paths) and f"{len(paths)} of them name another CPU" in plans[0].render()
     assert all(json.loads(p.read_text())["training"] == {"sha256": now} for p in paths.values())
     assert summary.counts["ok"] == len(paths) + 1 and summary.counts["failed"] == 0
     n_cells = len(plan([task], defenses, [ToyLossMIA(), ToyMeanRecon()], [0]))
@@ -508,9 +510,11 @@ def test_records_of_a_run_retrained_to_the_same_weights_stay(tmp_path):
     _drop_training_cache(tmp_path)
 
     # act
-    summary = run([task], defenses, [ToyLossMIA(), ToyMeanRecon()], [0], tmp_path)
+    plans: list = []
+    summary = run([task], defenses, [ToyLossMIA(), ToyMeanRecon()], [0], tmp_path, on_plan=plans.append)
 
-    # assert: the records were checked, not redone
+    # assert: the records were checked, not redone (made on this CPU, the plan did not expect them redone)
+    assert plans[0].to_recheck == len(before) > 0 and plans[0].likely_redo == 0
     assert {name: p.read_text() for name, p in _membership_records(tmp_path).items()} == before
     assert summary.counts["ok"] == 1
 
