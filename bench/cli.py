@@ -425,7 +425,7 @@ def recorded_tasks(
             decl = declared(SCENARIOS.get(n), preset)
             if not configured(decl):
                 return None
-            mine = only_tasks([with_precision(d, precision) for d in decl or ()], task)
+            mine = [with_precision(d, precision) for d in decl or () if task is None or d.id in task]
             cells = plan(mine, defenses, attacks, seeds, views=views)
             if not all(c.error is None and done(c) for c in cells):
                 return None
