@@ -432,28 +432,29 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_befor
     from .preparations import pending
 
     pl.preparations = pending((c.task.id, c.task.preset) for group in pl.groups.values() for c in group)
+    from .machine import cpu_name
+
+    cpu = cpu_name()  # read once per plan, not once per rechecked cell
     for key, group in finished.items():
         again = [c for c in group if key in pl.needs_training or (key in pl.needs_reference and uses_reference(c))]
         if again:
             pl.recheck[key] = again
-            elsewhere = [c for c in again if not made_here(store, c)]
+            elsewhere = [c for c in again if not made_here(store, c, cpu)]
             pl.likely_redo += len(elsewhere)
             pl.likely_redo_s += sum(model.cell_cost(c) for c in elsewhere)
     return pl
 
 
-def made_here(store, cell) -> bool:
+def made_here(store, cell, cpu: str) -> bool:
     """Whether the cell's finished record names this machine's CPU (``provenance.machine``): only then can
-    retraining here be expected to give the weights it was scored on (thread counts aside)."""
-    from .machine import cpu_name
-
+    retraining here be expected to give the weights it was scored on (thread counts aside); ``cpu``: this one's."""
     path = store.record_path(cell.task.scenario, cell.id)
     try:
         rec = json.loads(path.read_bytes())
     except (OSError, ValueError):
         return False
     machine = (rec.get("provenance") or {}).get("machine") if isinstance(rec, dict) else None
-    return isinstance(machine, dict) and machine.get("cpu") == cpu_name()
+    return isinstance(machine, dict) and machine.get("cpu") == cpu
 
 
 def uses_reference(cell) -> bool:
