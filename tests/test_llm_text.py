@@ -160,7 +160,7 @@ def test_the_smoke_tokenizer_name_does_not_depend_on_which_cache_folder_holds_it
 
     src = llm.smollm2_tokenizer_dir() or llm.smollm2_tokenizer().name_or_path  # converted once if needed
     model_dir, tok_dir = tmp_path / "model", tmp_path / "tokenizer"
-    monkeypatch.setattr(llm, "_smollm2_dirs", lambda: (model_dir, tok_dir))
+    monkeypatch.setattr(llm, "_smollm2_dirs", lambda *, create=True: (model_dir, tok_dir))
     texts = ["The quick brown fox.", "A fortune: you will write tests."]
 
     def names() -> list[str]:
