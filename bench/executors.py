@@ -226,6 +226,7 @@ class Slot:
         self._pool: cf.ProcessPoolExecutor | None = None
         # the current worker's progress queue, a multiprocessing Queue (one writer: a killed worker tears no other's)
         self._queue: Any = None
+        self.last = ""  # the affinity of the last unit given to this slot (its worker's signal cache: SlotPool)
 
     def _ensure(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
@@ -336,16 +337,20 @@ class SlotPool:
         used = self._reserved.get(device, 0)
         return cap is None or used == 0 or used + need <= cap
 
-    def take(self, need: int | None = None):
-        """A free slot for a unit needing ``need`` MiB (reserved until :meth:`give`); blocks until there is one."""
+    def take(self, need: int | None = None, affinity: str = ""):
+        """A free slot for a unit needing ``need`` MiB (reserved until :meth:`give`); blocks until there is one.
+        A unit with an ``affinity`` (bench.runplan.share_key) prefers the free slot that last ran one of its
+        kind: that worker's cache holds the signals it would compute again."""
         with self._cond:
             while True:
-                for i, slot in enumerate(self._free):
-                    if not need or self._fits(slot.cfg.device, need):
-                        self._free.pop(i)
-                        if need:
-                            self._reserved[slot.cfg.device] = self._reserved.get(slot.cfg.device, 0) + need
-                        return slot
+                fits = [i for i, slot in enumerate(self._free) if not need or self._fits(slot.cfg.device, need)]
+                if fits:
+                    i = next((i for i in fits if affinity and getattr(self._free[i], "last", "") == affinity), fits[0])
+                    slot = self._free.pop(i)
+                    slot.last = affinity
+                    if need:
+                        self._reserved[slot.cfg.device] = self._reserved.get(slot.cfg.device, 0) + need
+                    return slot
                 self._cond.wait()
 
     def give(self, slot, need: int | None = None) -> None:
@@ -373,7 +378,7 @@ class LocalExecutor:
 
     def _run(self, unit) -> Outcome:
         need = getattr(unit, "gpu_mem_mb", None)
-        slot = self._slots.take(need)
+        slot = self._slots.take(need, getattr(unit, "affinity", ""))
         try:
             return slot.run(unit)
         finally:

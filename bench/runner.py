@@ -14,6 +14,7 @@ import os
 import random
 import time
 import traceback
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -89,6 +90,7 @@ class Unit:
     registered: tuple[str, str] = ("", "")  # registry names of the defense / attack classes (see execute_unit)
     ref_index: int = -1  # a reference unit's reference run (bench.reference)
     gpu_mem_mb: int | None = None  # GPU memory the unit needs (its task's declaration; bench.executors.SlotPool)
+    affinity: str = ""  # a cell's signal-sharing key (bench.runplan.share_key): such cells run one at a time
 
     def __post_init__(self) -> None:
         if self.gpu_mem_mb is None:
@@ -353,7 +355,7 @@ def run(
     plan (bench.runplan.Plan) before anything runs; ``redo_before``: cells whose records started before it run
     again (bench.runplan.Done); ``views``: only the cells in these threat views. Records are written by whoever
     finishes a cell."""
-    from .runplan import CostModel, Done, group_key, make_plan, uses_reference
+    from .runplan import CostModel, Done, group_key, make_plan, share_key, uses_reference
 
     out = Path(out)
     store = Store(out)
@@ -383,6 +385,7 @@ def run(
             c.skeleton(),
             estimator.cell_cost(c),
             device,
+            affinity=share_key(c),
         )
 
     wb = WorkBar(pl.est_total_s)
@@ -447,11 +450,21 @@ def run(
         rank = (0,) if u.kind == "cell" else (1, order.get(group_key(group[0]), 0), u.kind != "train", u.ref_index)
         heapq.heappush(backlog, (rank, next(seq), u, group))
 
+    running: Counter[str] = Counter()  # share keys of the cell units in flight
+
     def pump() -> None:
-        """Hand the executor the next units while it has a free worker (an inline executor runs each now)."""
+        """Hand the executor the next units while it has a free worker (an inline executor runs each now). A cell
+        whose signals a running cell is computing (same ``affinity``) waits for it, then reads them from the
+        worker's cache: running both side by side would compute the same signals twice for no earlier finish."""
+        held = []
         while backlog and len(pending) < max(1, executor.jobs):
-            _, _, u, group = heapq.heappop(backlog)
-            launch(u, group)
+            item = heapq.heappop(backlog)
+            if item[2].affinity and running[item[2].affinity]:
+                held.append(item)
+                continue
+            launch(item[2], item[3])
+        for item in held:
+            heapq.heappush(backlog, item)
 
     def launch(u: Unit, group: list[Cell]) -> None:
         label = ""
@@ -461,6 +474,7 @@ def run(
         wb.start(u, label)
         try:
             pending[executor.submit(ship(u))] = (u, group)
+            running[u.affinity] += 1
         except ValueError as e:  # the unit cannot be shipped (no task source): fail its cells
             wb.drop(u.key)
             if u.kind != "cell":
@@ -538,6 +552,7 @@ def run(
                 wb.advance(key, fraction)
             for fut in done:
                 unit, group = pending.pop(fut)
+                running[unit.affinity] -= 1
                 try:
                     res = fut.result()
                 except Exception as e:  # noqa: BLE001 - an executor-level error (e.g. a Ray worker lost)

@@ -149,6 +149,16 @@ def group_key(cell) -> tuple[str, str, int]:
     return (f"{cell.task.id}@{cell.task.config_hash()}", cell.defense_label, cell.seed)
 
 
+def share_key(cell) -> str:
+    """Cells that compute the same per-candidate signals (bench.signal_cache): one attack, whatever its
+    parameters, on one model and candidate set: a defense's view, or the base model, which scores the same
+    candidates in every view. The scheduler runs them one after another on one worker (the cache lives in the
+    worker), so all but the first are cache hits instead of the same work done twice side by side."""
+    task, defense, seed = group_key(cell)
+    scope = "*" if cell.defense is None else cell.view
+    return f"{task}|{defense}|{seed}|{cell.attack.name}|{scope}"
+
+
 @dataclass
 class Plan:
     planned: int = 0

@@ -19,6 +19,14 @@ from defenses.fedavg import FedAvg
 from defenses.fedsgd import FedSGD
 from tests.toy import ToyLossMIA, ToyMeanRecon, toy_task
 
+
+@dataclass
+class ToyLossVariant(ToyLossMIA):
+    """The toy loss attack with another setting: a second cell of the same attack name (the same signals)."""
+
+    margin: float = 1.0
+
+
 ATTACKS = [ToyLossMIA(), ToyMeanRecon()]
 
 
@@ -89,6 +97,73 @@ def test_jobs_2_and_jobs_1_give_identical_records(tmp_path):
     assert len(two) == len(plan([task()], defenses, ATTACKS, [0])) and s2.counts["failed"] == 0
     assert two == one
     assert sum(v[0] == "ok" for v in two.values()) >= 5
+
+
+class Recording:
+    """A two-worker executor that runs nothing: each unit 'takes' 0.05 s in a thread and reports ok, and the
+    executor logs when each unit ran, to check what the scheduler lets run side by side."""
+
+    name = "recording"
+    jobs = 2
+
+    def __init__(self):
+        import concurrent.futures as cf
+
+        self.pool, self.log = cf.ThreadPoolExecutor(2), []
+
+    def _run(self, unit):
+        t0 = time.monotonic()
+        time.sleep(0.05)
+        self.log.append((unit.kind, unit.key, unit.affinity, t0, time.monotonic()))
+        return {"key": unit.key, "kind": unit.kind, "status": "ok", "wall_s": 0.05, "written": True}
+
+    def submit(self, unit):
+        return self.pool.submit(self._run, unit)
+
+    def shutdown(self, *, kill=False):
+        self.pool.shutdown(wait=True)
+
+
+def test_cells_that_share_signals_never_run_side_by_side(tmp_path):
+    # arrange: the base model's cells score the same candidates in every view; two loss variants of one view
+    ex = Recording()
+    attacks = [ToyLossMIA(), ToyLossVariant(margin=2.0), ToyMeanRecon()]
+
+    # act
+    summary = run([task()], [FedAvg()], attacks, [0], tmp_path, executor=ex)
+
+    # assert
+    cells = [e for e in ex.log if e[0] == "cell"]
+    keys = {e[1]: e[2] for e in cells}
+    by_key: dict = {}
+    for e in cells:
+        by_key.setdefault(e[2], []).append(e)
+    shared = {k: v for k, v in by_key.items() if len(v) > 1}
+    assert summary.counts["failed"] == 0 and len(cells) == len(keys)
+    assert any("|base|" in k and k.endswith("|*") for k in shared)  # the base model's views: one key
+    assert any("|fedavg|" in k and k.endswith("|global_model") for k in shared)  # two variants of one view
+    for k, runs in shared.items():
+        runs.sort(key=lambda e: e[3])
+        assert all(a[4] <= b[3] for a, b in zip(runs, runs[1:])), f"{k} ran side by side"
+    overlapped = any(a[3] < b[4] and b[3] < a[4] for a in cells for b in cells if a[2] != b[2])
+    assert overlapped  # other cells still run two at a time
+
+
+def test_a_unit_takes_the_free_slot_that_last_ran_its_affinity():
+    # arrange
+    from bench.executors import SlotPool
+
+    pool = SlotPool(_slots("cpu", "cpu"), capacity=lambda d: None)
+    a, b = pool.take(None, "x"), pool.take(None, "y")
+    pool.give(b)
+    pool.give(a)  # the free list now starts with b, which last ran "y"
+
+    # act
+    again = pool.take(None, "x")
+    other = pool.take(None, "z")
+
+    # assert
+    assert again is a and other is b and (a.last, b.last) == ("x", "z")
 
 
 def test_a_hanging_defense_is_killed_at_the_timeout_and_the_rest_finishes(tmp_path):
