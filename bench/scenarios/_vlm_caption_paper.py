@@ -25,9 +25,7 @@ from bench.scenarios.vlm_caption import (
     Spec,
     make_collate,
     make_generate,
-    vlm_logits,
-    vlm_loss,
-    vlm_per_sample_loss,
+    model_fns,
 )
 from bench.task import Task
 from bench.types import CaptionSpec, LoraSpec, TaskAPI, TokenSpec
@@ -127,11 +125,7 @@ def paper_task(p: Spec) -> Task:
             image_size=224,
             generate=generate,
         ),
-        loss=vlm_loss,
-        per_sample_loss=vlm_per_sample_loss,
-        collate=collate,
-        build_model=build_model,
-        logits=vlm_logits,
+        **model_fns(collate, build_model),
     )
     test_items = _LazyList(test)
     utility = make_caption_utility(
