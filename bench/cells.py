@@ -78,11 +78,17 @@ def matched_nonmembers(members: list[int], m_labels: list[int], n_idx: list[int]
     return chosen + rest[:short] + rest[short:]
 
 
+def pool_kind(task: Task, view: str) -> str:
+    """Which member pool a view draws its candidates from: ``"central"`` (the released model's training set) or
+    ``"clients"`` (every client's data); views of one kind score the same candidates."""
+    return "central" if view == "released_model" or not task.client_data else "clients"
+
+
 def member_pool(task: Task, view: str):
     """The members a view's candidates come from: the released model's training set (``central_data``)
     in the released view, else every client's data concatenated (client k's items follow client k-1's),
     so the global and client views share candidate ids and the base model scores the same texts."""
-    if view == "released_model" or not task.client_data:
+    if pool_kind(task, view) == "central":
         if task.central_data is None:
             raise ValueError(f"task {task.id} has no central training set for the {view} view")
         return task.central_data
@@ -130,7 +136,7 @@ def view_split(task: Task, view: str, n_members: int, seed: int) -> CandidateSpl
     subsets = task.eval_subsets
     if not subsets:
         return split_candidates(n_members, n_nonmembers, task.max_membership, seed)
-    key = "central" if view == "released_model" or not task.client_data else "clients"
+    key = pool_kind(task, view)
     em, en = list(subsets[key]), list(subsets["nonmembers"])
     if not (set(em) <= set(range(n_members)) and set(en) <= set(range(n_nonmembers))):
         raise ValueError(f"task {task.id}: eval_subsets name positions outside the {view} pools")

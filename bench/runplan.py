@@ -152,10 +152,13 @@ def group_key(cell) -> tuple[str, str, int]:
 def share_key(cell) -> str:
     """Cells that compute the same per-candidate signals (bench.signal_cache): one attack, whatever its
     parameters, on one model and candidate set: a defense's view, or the base model, which scores the same
-    candidates in every view. The scheduler runs them one after another on one worker (the cache lives in the
-    worker), so all but the first are cache hits instead of the same work done twice side by side."""
+    candidates in every view of one member pool (bench.cells.pool_kind). The scheduler runs them one after
+    another on one worker (the cache lives in the worker), so all but the first are cache hits instead of the
+    same work done twice side by side."""
+    from .cells import pool_kind
+
     task, defense, seed = group_key(cell)
-    scope = "*" if cell.defense is None else cell.view
+    scope = pool_kind(cell.task, cell.view) if cell.defense is None else cell.view
     return f"{task}|{defense}|{seed}|{cell.attack.name}|{scope}"
 
 
