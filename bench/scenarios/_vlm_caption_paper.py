@@ -25,7 +25,9 @@ from bench.scenarios.vlm_caption import (
     Spec,
     make_collate,
     make_generate,
-    model_fns,
+    vlm_logits,
+    vlm_loss,
+    vlm_per_sample_loss,
 )
 from bench.task import Task
 from bench.types import CaptionSpec, LoraSpec, TaskAPI, TokenSpec
@@ -125,7 +127,11 @@ def paper_task(p: Spec) -> Task:
             image_size=224,
             generate=generate,
         ),
-        **model_fns(collate, build_model),
+        loss=vlm_loss,
+        per_sample_loss=vlm_per_sample_loss,
+        collate=collate,
+        build_model=build_model,
+        logits=vlm_logits,
     )
     test_items = _LazyList(test)
     utility = make_caption_utility(

@@ -283,14 +283,6 @@ def vlm_per_sample_loss(model: vlm.SmallVLM, batch: dict[str, Tensor]) -> Tensor
     return nll.sum(1) / mask.sum(1).clamp(min=1)
 
 
-def model_fns(collate: Callable, build_model: Callable) -> dict[str, Any]:
-    """The TaskAPI callables every vlm-caption preset shares: a SmallVLM's loss, per-sample loss and logits, with the
-    preset's collate and model builder."""
-    return dict(
-        loss=vlm_loss, per_sample_loss=vlm_per_sample_loss, collate=collate, build_model=build_model, logits=vlm_logits
-    )
-
-
 def make_generate(tokenizer, max_new_tokens: int) -> Callable[[vlm.SmallVLM, dict[str, Tensor]], list[str]]:
     def generate(model: vlm.SmallVLM, batch: dict[str, Tensor]) -> list[str]:
         """Greedy captions of the batch's images, decoded without special tokens."""
@@ -622,7 +614,11 @@ def _assemble(
             num_classes=len(cap.CLASS_NAMES),
             generate=generate,
         ),
-        **model_fns(collate, build_model),
+        loss=vlm_loss,
+        per_sample_loss=vlm_per_sample_loss,
+        collate=collate,
+        build_model=build_model,
+        logits=vlm_logits,
         population_size=len(population or ()),
     )
     utility = make_caption_utility(
