@@ -345,7 +345,7 @@ class SlotPool:
             while True:
                 fits = [i for i, slot in enumerate(self._free) if not need or self._fits(slot.cfg.device, need)]
                 if fits:
-                    i = next((i for i in fits if affinity and getattr(self._free[i], "last", "") == affinity), fits[0])
+                    i = next((i for i in fits if affinity and self._free[i].last == affinity), fits[0])
                     slot = self._free.pop(i)
                     slot.last = affinity
                     if need:

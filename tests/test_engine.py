@@ -445,7 +445,7 @@ def test_cuda_workers_are_spread_over_the_gpus_and_an_explicit_device_is_kept():
 def _slots(*devices):
     from types import SimpleNamespace
 
-    return [SimpleNamespace(cfg=SimpleNamespace(device=d), name=f"{d}#{i}") for i, d in enumerate(devices)]
+    return [SimpleNamespace(cfg=SimpleNamespace(device=d), name=f"{d}#{i}", last="") for i, d in enumerate(devices)]
 
 
 def _take_later(pool, need):
