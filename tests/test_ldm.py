@@ -216,7 +216,7 @@ def test_population_indices_are_seeded_outside_the_private_pool(preset):
     from bench.scenarios import ldm_t2i
 
     p = ldm_t2i.SPECS[preset]
-    src, sizes, perm = ldm_t2i._private_pool(p)
+    src, sizes, perm = ldm_t2i.private_pool(p)
 
     idx = ldm_t2i.population_indices(len(src.test_x), perm, ldm_t2i.N_POPULATION[preset], p.data_seed)
 

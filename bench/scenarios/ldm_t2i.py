@@ -16,6 +16,9 @@ default the attacker also holds population images (``task.population``, :data:`N
   by config hash; captions from :mod:`bench.captions`, encoded by all-MiniLM-L6-v2; 4 x 64 private images.
 - ``paper``: Stable Diffusion v1.5 on the BLIP-captioned Pokemon images with Table 5's settings (rank 64,
   alpha 32, 512 px, batch 1, lr 1e-4, 400 epochs), 200/200/200/233 split (Table 4); local files only.
+
+The presets' pinned values and their measurements are in :mod:`bench.scenarios._ldm_presets`, the data in
+:mod:`bench.scenarios._ldm_data`; this module builds the task from them (the registry key is this file's name).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from __future__ import annotations
 import copy
 import functools
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,278 +34,50 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Subset
 
-from bench import captions as cap
 from bench.assets import AssetMissing
-from bench.data import Items, fashion_mnist_for
+from bench.data import Items
 from bench.fl import split_clients
 from bench.progress import progress
 from bench.registry import register_scenario
+from bench.scenarios._ldm_data import (
+    POPULATION_SPLIT,
+    make_items,
+    population_indices,
+    population_items,
+    private_pool,
+    private_splits,
+    public_data,
+    public_spec,
+    render_items,
+)
+from bench.scenarios._ldm_presets import N_POPULATION, PAPER_DATA_COMMIT, PAPER_DATA_ENV, PAPER_DATA_REPO, SPECS, Spec
 from bench.task import Task, preset_entry
-from bench.types import DiffusionOps, DiffusionSpec, FLConfig, LoraSpec, TaskAPI
+from bench.types import DiffusionOps, DiffusionSpec, LoraSpec, TaskAPI
 from bench.utility_gen import make_generation_utility, mean_loss
 from models import ldm
 
-PAPER_DATA_ENV = "BENCH_LDM_PAPER_DATA"
-PAPER_DATA_REPO = "WilliamLUO0/StablePrivateLoRA"  # [SMP-LoRA]'s code; dataset/Pokemon/1_pokemon: 833 png + BLIP txt
-PAPER_DATA_COMMIT = "c3182917b91862aa7883bddcd0570faaadb11833"
-
-
-@dataclass(frozen=True)
-class Spec:
-    """What a preset pins (one entry of :data:`SPECS`, keyed by ``bench.task.PRESETS``)."""
-
-    model: ldm.LDMConfig
-    n_aux_m: int
-    n_te_m: int
-    n_aux_nm: int
-    n_te_nm: int
-    n_heldout: int
-    fl: FLConfig
-    central_epochs: int
-    n_public: int = 0  # pre-training images (default preset)
-    gen_steps: int = 20
-    guidance: float = 2.0
-    max_membership: int = 64
-    data_seed: int = 0
-    model_seed: int = 0
-    notes: dict = field(default_factory=dict)
-    model_label: str = ""  # task.config["model"]["model"] (a cache-key label; paper: the hub id instead)
-    gpu_mem_mb: int | None = None  # Task.gpu_mem_mb: what one unit needs on a GPU (None: undeclared)
-
-
-SPECS: dict[str, Spec] = {
-    # Tiny model; its UNet is pre-trained for 160 steps on 512 public images (random VAE) so that it
-    # denoises at all (a random UNet's LoRA barely memorises); cached. 6 epochs of 32 members = 24 steps.
-    "smoke": Spec(
-        model=ldm.LDMConfig(
-            vae_channels=(8, 8, 16),
-            unet_channels=(16, 32),
-            text="hash",
-            text_dim=32,
-            text_len=12,
-            lora_r=8,
-            lora_alpha=8.0,
-            unet_steps=160,
-            unet_batch=16,
-        ),
-        n_aux_m=16,
-        n_te_m=16,
-        n_aux_nm=16,
-        n_te_nm=16,
-        n_heldout=16,
-        n_public=512,
-        fl=FLConfig(
-            num_clients=4,
-            clients_per_round=4,
-            rounds=2,
-            local_epochs=3,
-            batch_size=8,
-            lr=5e-3,
-            optimizer="adamw",
-            weight_decay=0.0,
-        ),
-        central_epochs=6,
-        gen_steps=4,
-        max_membership=16,
-        model_label="tiny random LDM (diffusers AutoencoderKL + UNet2DConditionModel)",
-    ),
-    # Pre-trained base (see load_or_pretrain). Measured (seed 0, released LoRA, loss-threshold attack): 40 epochs
-    # at alpha 4 left AUROC 0.53 (nothing for a defense to stop); 200 epochs at alpha 8 (scale 1) give 0.65 with
-    # held-out denoising loss 0.032 vs 0.030 and the same FID (~135). Calibration for the positive control at
-    # 256 + 256 D_te candidates (seed 0; loss threshold / proxy AUROC; base model 0.51 / 0.50), central LoRA:
-    # rank 8, 200 epochs, lr 1e-3, batch 8: 0.624 / 0.646; lr 3e-3 0.605 / 0.603; batch 4 0.640 / 0.665; rank 32
-    # (alpha 32) 0.661 / 0.672; 400 epochs 0.713 / 0.741; rank 32 at 500 epochs 0.778 / 0.811 [0.77, 0.85]
-    # (chosen; held-out loss 0.035, FID 134; 1,116 s here beside a second process). FedAvg (the task's control
-    # baseline; 4 clients x 64 members, all clients every round), rank 32: 125 rounds x 4 local epochs (the central
-    # run's exposure) only 0.68-0.70 (averaging dilutes each client's fit); 250 x 4 0.79-0.83; 125 x 8 0.80-0.82
-    # in both views (chosen: half the rounds; held-out loss 0.035, FID 131; 2,156 s here).
-    "default": Spec(
-        model=ldm.LDMConfig(
-            vae_channels=(8, 16, 32),
-            unet_channels=(32, 64),
-            text="minilm",
-            text_dim=384,
-            text_len=16,
-            lora_r=32,
-            lora_alpha=32.0,
-            vae_steps=300,
-            vae_batch=32,
-            unet_steps=1000,
-            unet_batch=64,
-        ),
-        n_aux_m=64,
-        n_te_m=256,
-        n_aux_nm=64,
-        n_te_nm=256,
-        n_heldout=96,
-        n_public=10000,
-        fl=FLConfig(
-            num_clients=4,
-            clients_per_round=4,
-            rounds=125,
-            local_epochs=8,
-            batch_size=8,
-            lr=1e-3,
-            optimizer="adamw",
-            weight_decay=0.0,
-        ),
-        central_epochs=500,
-        gen_steps=20,
-        max_membership=256,
-        model_label="small LDM pre-trained from scratch on public Fashion-MNIST",
-    ),
-    # [SMP-LoRA] Table 4 (Pokemon) and Table 5.
-    # [SMP-LoRA] Appendix E (A100): on Pokemon, LoRA takes ~8,000 MiB of GPU memory and SMP-LoRA ~10,000 MiB.
-    "paper": Spec(
-        gpu_mem_mb=10_000,
-        model=ldm.LDMConfig(image_size=512, text="clip", text_dim=768, text_len=77, lora_r=64, lora_alpha=32.0),
-        n_aux_m=200,
-        n_te_m=200,
-        n_aux_nm=200,
-        n_te_nm=233,
-        n_heldout=0,
-        fl=FLConfig(
-            num_clients=4,
-            clients_per_round=4,
-            rounds=100,
-            local_epochs=4,
-            batch_size=1,
-            lr=1e-4,
-            optimizer="adamw",
-            weight_decay=0.0,
-        ),
-        central_epochs=400,
-        gen_steps=50,
-        guidance=7.5,
-        max_membership=200,
-        notes={
-            "lr_schedule": "constant (Table 5)",
-            "proxy_lr_eta1": 1e-5,
-            "utility": "FID/KID against D_te^nm images (no separate held-out split in Table 4)",
-        },
-    ),
-}
-
-
-# ----------------------------------------------------------------------------------------------
-# Fashion-MNIST items with grounded captions
-
-
-def _fashion():
-    return fashion_mnist_for("ldm-t2i")
-
-
-def render_items(
-    images: np.ndarray, labels: np.ndarray, *, seed: int, split: int, canvas: int
-) -> tuple[list[Tensor], list[str], list[int], list[dict]]:
-    """Augment each 28x28 image with its own generator (seed, split, index): deterministic per image."""
-    ims, caps, labs, attrs = [], [], [], []
-    for i in range(len(images)):
-        rng = np.random.default_rng([seed, split, i])
-        x, a = cap.augment(images[i], rng, canvas=canvas)
-        ims.append(x)
-        caps.append(cap.caption(cap.CLASS_NAMES[int(labels[i])], a))
-        labs.append(int(labels[i]))
-        attrs.append(a.as_dict())
-    return ims, caps, labs, attrs
-
-
-def make_items(cfg: ldm.LDMConfig, images: np.ndarray, labels: np.ndarray, *, seed: int, split: int) -> list[dict]:
-    ims, caps, labs, attrs = render_items(images, labels, seed=seed, split=split, canvas=cfg.image_size)
-    states = ldm.encode_captions(cfg, caps)
-    return [
-        {"image": x.half(), "text": states[c].half(), "caption": c, "label": y, "attrs": a}
-        for x, c, y, a in zip(ims, caps, labs, attrs)
-    ]
-
-
-def _private_pool(p: Spec) -> tuple[Any, dict[str, int], np.ndarray]:
-    """The Fashion-MNIST test images (the private pool), the split sizes in order, and the seeded positions of
-    the images they take (one permutation; consecutive slices are the splits)."""
-    src = _fashion()
-    sizes = {
-        "aux_members": p.n_aux_m,
-        "te_members": p.n_te_m,
-        "aux_nonmembers": p.n_aux_nm,
-        "te_nonmembers": p.n_te_nm,
-        "heldout": p.n_heldout,
-    }
-    need = sum(sizes.values())
-    if need > len(src.test_x):
-        raise ValueError(f"the private pool has {len(src.test_x)} images, the preset needs {need}")
-    return src, sizes, np.random.default_rng(p.data_seed).permutation(len(src.test_x))[:need]
-
-
-def private_splits(p: Spec) -> dict[str, list[dict]]:
-    """D_aux^m, D_te^m, D_aux^nm, D_te^nm and the held-out set: disjoint slices of one permutation of the
-    Fashion-MNIST test images (the private pool), rendered with per-image augmentations."""
-    src, sizes, perm = _private_pool(p)
-    items = make_items(p.model, src.test_x[perm], src.test_y[perm], seed=p.data_seed, split=1)
-    for it, idx in zip(items, perm):
-        it["source_index"] = int(idx)
-    out, start = {}, 0
-    for name, n in sizes.items():
-        out[name] = items[start : start + n]
-        start += n
-    return out
-
-
-# Attacker-side population images per preset (reference models, [RMIA] / [LiRA]): Fashion-MNIST test images outside
-# the private splits, rendered like them; half train the reference models (2x the members' count), half are RMIA's
-# z samples (bench.reference). None on paper: Table 4's splits use all 833 Pokemon images. The training pool holds
-# twice the central training set (D_aux^m + D_te^m), so reference training sets differ (tests/test_ldm.py).
-N_POPULATION = {"smoke": 128, "default": 1280, "paper": 0}
-POPULATION_SPLIT = 2  # the population's augmentation stream (make_items ``split``): 0 public, 1 private
-
-
-def population_indices(n_pool: int, taken: np.ndarray, n: int, seed: int) -> np.ndarray:
-    """Up to ``n`` positions in the private pool outside ``taken`` (the private splits' positions), in a
-    seeded order of their own."""
-    used = {int(i) for i in taken}
-    order = np.random.default_rng([seed, 0x504F50]).permutation(n_pool).tolist()
-    return np.asarray([i for i in order if i not in used][: max(n, 0)], dtype=np.int64)
-
-
-def population_items(p: Spec, n: int) -> list[dict]:
-    """Up to ``n`` Fashion-MNIST test images in none of the private splits (members, non-members, D_aux,
-    held-out), augmented and captioned as the private pool is, from their own augmentation stream (the same
-    distribution; no draw shared with a private item)."""
-    if n <= 0:
-        return []
-    src, _, perm = _private_pool(p)
-    idx = population_indices(len(src.test_x), perm, n, p.data_seed)
-    items = make_items(p.model, src.test_x[idx], src.test_y[idx], seed=p.data_seed, split=POPULATION_SPLIT)
-    for it, i in zip(items, idx):
-        it["source_index"] = int(i)
-    return items
-
-
-def public_data(p: Spec) -> tuple[Tensor, Tensor, Tensor]:
-    """The pre-training set: ``n_public`` Fashion-MNIST *training* images (disjoint from the private pool),
-    augmented and captioned: (images [N,3,H,W] fp16, unique caption states [U,L,D] fp16, index [N])."""
-    src = _fashion()
-    idx = np.random.default_rng(p.data_seed + 1).permutation(len(src.train_x))[: p.n_public]
-    ims, caps, _, _ = render_items(
-        src.train_x[idx], src.train_y[idx], seed=p.data_seed, split=0, canvas=p.model.image_size
-    )
-    states = ldm.encode_captions(p.model, caps)
-    unique = sorted(states)
-    row = {c: i for i, c in enumerate(unique)}
-    return (
-        torch.stack(ims).half(),
-        torch.stack([states[c] for c in unique]).half(),
-        torch.tensor([row[c] for c in caps], dtype=torch.long),
-    )
-
-
-def public_spec(p: Spec) -> dict[str, Any]:
-    return {
-        "source": "fashion-mnist train (Debian dataset-fashion-mnist)",
-        "n": p.n_public,
-        "seed": p.data_seed,
-        "captions": "bench.captions v1",
-        "text": p.model.text,
-    }
+__all__ = [  # the scenario's names, wherever they live (tests and users import them from here)
+    "N_POPULATION",
+    "PAPER_DATA_COMMIT",
+    "PAPER_DATA_ENV",
+    "PAPER_DATA_REPO",
+    "POPULATION_SPLIT",
+    "SPECS",
+    "Items",
+    "Spec",
+    "build",
+    "build_task",
+    "make_items",
+    "population_indices",
+    "population_items",
+    "preparations",
+    "private_pool",
+    "private_splits",
+    "public_data",
+    "public_spec",
+    "render_items",
+    "specs",
+]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -473,7 +247,7 @@ def _declared_config(preset: str) -> dict[str, Any]:
     """``Task.config`` on smoke / default from the labels and the split alone (nothing rendered or encoded, no
     model): what :func:`build_task` records, for planning a cached run (bench.specs)."""
     p = preset_entry(SPECS, preset)
-    src, sizes, perm = _private_pool(p)
+    src, sizes, perm = private_pool(p)
     labels = [int(y) for y in src.test_y[perm[: p.n_aux_m + p.n_te_m]]]
     parts = split_clients(labels, p.fl.num_clients, p.fl.dirichlet_alpha, seed=p.data_seed)
     return _assemble_config(p, _model_record(p), sizes, [len(c) for c in parts])
