@@ -17,7 +17,7 @@ from .training import label
 from .types import Attack, Defense, params_of
 
 # What records written before ``attack_resolved`` (schema revision 5) were made with: the scenarios' inversion
-# budgets (bench/scenarios/image_cls.py INVERSION_ITERATIONS, unchanged since 487459f and so for every record
+# budgets (bench/scenarios/_image_presets.py INVERSION_ITERATIONS, unchanged since 487459f and so for every record
 # carrying the current reconstruction probe, 6d18091). Cells at these values keep those records.
 LEGACY_RESOLVED: dict[tuple[str, str], dict[str, Any]] = {
     **{
