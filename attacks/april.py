@@ -29,7 +29,7 @@ from typing import Any, Literal, Sequence
 import torch
 from torch import Tensor
 
-from attacks.inverting_gradients import box, infer_labels, update_direction
+from attacks._client_update import box, infer_labels, update_direction
 from bench.registry import register_attack
 from bench.types import Attack, NotApplicable, Observation, Reconstructions, TaskSpec
 

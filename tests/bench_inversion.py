@@ -28,7 +28,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from attacks.inverting_gradients import InvertingGradients, attacker_copy
+from attacks._client_update import attacker_copy
+from attacks.inverting_gradients import InvertingGradients
 from bench.scenarios.image_cls import SPECS
 from models.image import resnet34, vit
 from tests.benchlib import one_thread  # noqa: F401 - the fixture

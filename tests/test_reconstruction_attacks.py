@@ -19,15 +19,9 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 from torch.nn import functional as F
 
+from attacks._client_update import infer_labels, total_variation, total_variation_grad, update_direction
 from attacks.april import April
-from attacks.inverting_gradients import (
-    InvertingGradients,
-    _Matcher,
-    infer_labels,
-    total_variation,
-    total_variation_grad,
-    update_direction,
-)
+from attacks.inverting_gradients import InvertingGradients, _Matcher
 from bench.registry import ATTACKS
 from bench.types import ImageSpec, Message, NotApplicable, Observation, Public, TaskAPI, ViTSpec
 from tests.benchlib import one_thread  # noqa: F401 - the fixture
