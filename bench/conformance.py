@@ -12,12 +12,15 @@ noise may legitimately cost that much). The held-out loss stands in for the scen
 sampling images for FID): cheap, and the same direction everywhere. An attack is checked for its declared kind and
 views and run once on a smoke observation (scores: one finite value per candidate; reconstructions: finite, in the
 model's input shape).
+
+The shared pieces (the report, the smoke task a method is checked on, the static field checks) are in
+:mod:`bench.conformance_common`, the attack's run in :mod:`bench.conformance_attack`; this module checks defenses and
+runs each configuration's checks in an isolated child (the command's entry point).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import os
 import random
@@ -25,26 +28,57 @@ import sys
 import tempfile
 import time
 import traceback
-import typing
 from dataclasses import dataclass, field, replace
-from functools import cache
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TextIO, cast
+from typing import Any, TextIO, cast
 
 import numpy as np
 import torch
 from torch.utils.data import Subset
 
 from .checkpoint import Checkpoint
-from .params import describe_field, range_of, valid_epsilon
-from .registry import ATTACKS, DEFENSES, SCENARIOS, UsageError, build, expand, parse_value
+from .conformance_attack import attack_report, cap_budget
+from .conformance_common import (
+    CLIENTS_PER_ROUND,
+    MAX_LOCAL_STEPS,
+    PREFERRED,
+    ROUNDS,
+    Check,
+    Report,
+    choose_task,
+    field_checks,
+    scenario_order,
+    shrink,
+    smoke_tasks,
+)
+from .params import valid_epsilon
+from .registry import ATTACKS, DEFENSES, SCENARIOS, UsageError, expand
 from .run_state import resolve_delta
 from .task import Task
-from .types import VIEWS, Attack, Defense, Message, Reconstructions, Scores, TaskAPI, n_items
+from .types import Defense, Message, n_items
 
-ROUNDS = 2
-MAX_LOCAL_STEPS = 1
-CLIENTS_PER_ROUND = 2
+__all__ = [  # the checks' names, wherever they live (tests and contributors import them from here)
+    "CHECK_TIMEOUT_S",
+    "CLIENTS_PER_ROUND",
+    "MAX_LOCAL_STEPS",
+    "PREFERRED",
+    "ROUNDS",
+    "TIME_BUDGET_S",
+    "Check",
+    "Report",
+    "attack_report",
+    "cap_budget",
+    "check_attack",
+    "check_defense",
+    "check_defense_config",
+    "choose_task",
+    "defense_report",
+    "field_checks",
+    "scenario_order",
+    "shrink",
+    "smoke_tasks",
+    "utility_floor",
+]
 
 
 def _budget_from_env() -> float:
@@ -62,147 +96,6 @@ def _budget_from_env() -> float:
 TIME_BUDGET_S = _budget_from_env()  # per training run, smoke preset
 # wall clock per configuration's child (two training runs plus evaluation); `check --timeout` overrides
 CHECK_TIMEOUT_S = 3 * TIME_BUDGET_S
-PREFERRED = ("image-cls", "llm-text", "vlm-caption", "ldm-t2i")  # cheapest smoke scenarios first
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # PASS | FAIL | WARN | SKIP
-    detail: str = ""
-
-
-@dataclass
-class Report:
-    subject: str
-    checks: list[Check] = field(default_factory=list)
-
-    def add(self, name: str, ok: bool | None, detail: str = "", *, warn_only: bool = False) -> None:
-        status = "SKIP" if ok is None else "PASS" if ok else ("WARN" if warn_only else "FAIL")
-        self.checks.append(Check(name, status, detail))
-
-    @property
-    def failed(self) -> list[Check]:
-        return [c for c in self.checks if c.status == "FAIL"]
-
-    def render(self) -> str:
-        lines = [f"bench check: {self.subject}"]
-        lines += [f"  {c.status:4s}  {c.name:18s} {c.detail}" for c in self.checks]
-        n = len(self.failed)
-        lines.append(f"  result: {'all checks passed' if not n else f'{n} check(s) failed'}")
-        return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------------------------
-# tasks
-
-
-@cache
-def smoke_tasks(scenario: str) -> tuple[Task, ...]:
-    return tuple(SCENARIOS.get(scenario)("smoke"))
-
-
-def scenario_order() -> list[str]:
-    names = SCENARIOS.names()
-    return [n for n in PREFERRED if n in names] + [n for n in names if n not in PREFERRED]
-
-
-def shrink(task: Task, rounds: int = ROUNDS, steps: int = MAX_LOCAL_STEPS, clients: int = CLIENTS_PER_ROUND) -> Task:
-    """The task with a few rounds, clients per round and local steps: a conformance run, not a benchmark."""
-    cap = steps if task.fl.max_local_steps is None else min(steps, task.fl.max_local_steps)
-    fl = replace(
-        task.fl,
-        rounds=min(rounds, task.fl.rounds),
-        max_local_steps=cap,
-        clients_per_round=min(clients, task.fl.clients_per_round),
-    )
-    return replace(task, fl=fl)
-
-
-def choose_task(applies: Callable[[Any], str | None], scenario: str | None) -> tuple[Task | None, str]:
-    """The first smoke task ``applies`` accepts (in ``scenario`` if given), or None and the reasons."""
-    reasons = []
-    for name in [scenario] if scenario else scenario_order():
-        try:
-            tasks = smoke_tasks(name)
-        except Exception as e:  # noqa: BLE001 - one unbuildable scenario must not hide the others
-            if scenario:
-                raise
-            reasons.append(f"{name}: smoke preset does not build ({type(e).__name__}: {e})")
-            continue
-        for task in tasks:
-            why = applies(task.api)
-            if why is None:
-                return task, ""
-            reasons.append(f"{task.id}: {why}")
-    return None, "; ".join(reasons) or "no scenario is registered"
-
-
-# ----------------------------------------------------------------------------------------------
-# static checks (no training)
-
-
-def field_checks(report: Report, cls: type, kind: str) -> None:
-    if not dataclasses.is_dataclass(cls):
-        report.add(
-            "hyper-parameters", False, f"{cls.__name__} is not a @dataclass: its fields are its hyper-parameters"
-        )
-        return
-    hints = typing.get_type_hints(cls)
-    fields = [f for f in dataclasses.fields(cls) if f.init]
-    untyped = [f.name for f in fields if f.name not in hints]
-    unsettable = []
-    for f in fields:
-        if f.default is dataclasses.MISSING or f.name not in hints:
-            continue
-        try:
-            parse_value(str(f.default), hints[f.name], f.name)
-        except UsageError:
-            unsettable.append(f.name)
-    desc = ", ".join(f"{f.name}: {getattr(hints.get(f.name), '__name__', hints.get(f.name))}" for f in fields) or "none"
-    report.add("hyper-parameters", not untyped, f"fields {desc}" + (f"; untyped: {untyped}" if untyped else ""))
-    if unsettable:
-        report.add("command line", False, f"not settable as name:param=value: {', '.join(unsettable)}", warn_only=True)
-    numeric = [describe_field(f, hints[f.name]) for f in fields if f.name in hints and range_of(f, hints[f.name])]
-    try:
-        build(cls, {}, kind)  # the defaults, range-checked like any configuration
-        report.add("ranges", True, "; ".join(numeric) or "no numeric hyper-parameters")
-    except Exception as e:  # noqa: BLE001 - report every kind of failure
-        report.add("ranges", False, f"the default configuration is invalid: {e}")
-    bad = []
-    grid: Sequence[Mapping[str, Any]] = getattr(cls, "grid", ({},))
-    for cfg in grid:
-        try:
-            build(cls, dict(cfg), kind)
-        except Exception as e:  # noqa: BLE001 - report every kind of failure
-            bad.append(f"{dict(cfg)}: {e}")
-    report.add("grid", not bad, f"{len(grid)} configuration(s)" + (f"; invalid: {'; '.join(bad)}" if bad else ""))
-    task_fields = {f.name for f in dataclasses.fields(TaskAPI)}
-    requires = getattr(cls, "requires", ())
-    unknown = [r for r in requires if r not in task_fields] if isinstance(requires, tuple) else [requires]
-    report.add(
-        "requires",
-        not unknown,
-        f"{requires or 'no optional task fields'}" + (f"; not TaskAPI fields: {unknown}" if unknown else ""),
-    )
-    if kind == "attack":
-        budget = getattr(cls, "budget", {})
-        names = {f.name for f in fields}
-        bad_caps = (
-            [
-                f"{k}={v!r}"
-                for k, v in dict(budget).items()
-                if k not in names or not isinstance(v, int) or isinstance(v, bool) or v < 1
-            ]
-            if isinstance(budget, Mapping)
-            else [repr(budget)]
-        )
-        report.add(
-            "budget",
-            not bad_caps,
-            (f"{budget!r}" if budget else "none declared")
-            + (f"; not a field with an int cap >= 1: {', '.join(bad_caps)}" if bad_caps else ""),
-        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -617,132 +510,6 @@ def isolated_reports(
         finally:
             slot.close()
     return 1 if failed else 0
-
-
-# ----------------------------------------------------------------------------------------------
-# attacks
-
-
-def attack_report(attack: Attack, scenario: str | None = None, *, seed: int = 0) -> Report:
-    """Declared kind / views, then one run on a smoke observation of an untrained (base) model."""
-    from .training import label
-
-    report = Report(f"attack {label(attack)}")
-    field_checks(report, type(attack), "attack")
-    kind_ok = attack.kind in ("membership", "reconstruction")
-    report.add("kind", kind_ok, repr(attack.kind))
-    views = tuple(attack.views)
-    report.add("views", bool(views) and set(views) <= set(VIEWS), f"{views} (valid: {', '.join(VIEWS)})")
-    if attack.kind == "reconstruction":
-        report.add("views", "client_update" in views, "a reconstruction attack observes client_update")
-    if not kind_ok:
-        return report
-    task, why = choose_task(attack.applies, scenario)
-    if task is None:
-        report.add("applies", None, f"applies to no registered smoke task ({why})")
-        return report
-    report.add("applies", True, task.id)
-    _check_resolved(report, attack, task)
-    attack, capped = cap_budget(attack)
-    report.subject += f" on {task.id} (smoke{'; capped ' + ', '.join(capped) if capped else ''})"
-    t0 = time.time()
-    try:
-        torch.manual_seed(seed)
-        detail = _run_membership(attack, task, seed) if attack.kind == "membership" else _run_recon(attack, task, seed)
-        report.add("output", True, f"{detail} ({time.time() - t0:.1f} s)")
-    except _Bad as e:
-        report.add("output", False, str(e))
-    except Exception as e:  # noqa: BLE001
-        report.add("run", False, f"{type(e).__name__}: {e}")
-    return report
-
-
-class _Bad(Exception):
-    pass
-
-
-def _check_resolved(report: Report, attack: Attack, task: Task) -> None:
-    """``resolved(task)`` (bench.matrix.Cell.expected keeps it in the record): plain values, keyed by fields the
-    configuration leaves at None."""
-    try:
-        res = attack.resolved(task.api) if hasattr(attack, "resolved") else {}
-    except Exception as e:  # noqa: BLE001
-        report.add("resolved", False, f"resolved() raised {type(e).__name__}: {e}")
-        return
-    names: list[str] = [f.name for f in dataclasses.fields(attack)] if dataclasses.is_dataclass(attack) else []
-    unset = {n for n in names if getattr(attack, n) is None}
-    bad = (
-        [f"{k}={v!r}" for k, v in res.items() if k not in unset or not isinstance(v, (int, float, str, bool))]
-        if isinstance(res, dict)
-        else [repr(res)]
-    )
-    report.add(
-        "resolved",
-        not bad,
-        f"{res or 'nothing left to the task'}" + (f"; not a None field with a plain value: {bad}" if bad else ""),
-    )
-
-
-def cap_budget(attack: Attack) -> tuple[Attack, list[str]]:
-    """The attack with the compute-budget fields it declares (``Attack.budget``: output types are checked,
-    not strength) capped; ``None`` means "the scenario's", which can be the paper's 24,000 iterations, so
-    it is capped too."""
-    if not dataclasses.is_dataclass(attack):
-        return attack, []
-    budget = dict(getattr(type(attack), "budget", {}) or {})
-    changes, notes = {}, []
-    for f in dataclasses.fields(attack):
-        cap = budget.get(f.name)
-        v = getattr(attack, f.name)
-        if f.init and cap is not None and (v is None or (isinstance(v, int) and not isinstance(v, bool) and v > cap)):
-            changes[f.name] = cap
-            notes.append(f"{f.name} {v}->{cap}")
-    return (replace(attack, **changes) if changes else attack), notes
-
-
-def _run_membership(attack: Attack, task: Task, seed: int) -> str:
-    """One run on the base model's candidates, observed as the harness observes them (bench.cells)."""
-    from .cells import membership_observation, membership_parts
-
-    pool, _, parts = membership_parts(task, None, "global_model", None, seed)
-    part = parts[0]
-    nonmembers = task.nonmembers
-    assert nonmembers is not None  # membership_parts checked
-    cands = [pool[i] for i in part.members] + [nonmembers[i] for i in part.nonmembers]
-    obs = membership_observation(task, None, attack, "global_model", part, pool, seed)
-    out = attack.run(obs, cands)
-    if not isinstance(out, Scores):
-        raise _Bad(f"returned {type(out).__name__}, expected Scores")
-    if out.primary not in out.scores:
-        raise _Bad(f"primary score {out.primary!r} is not among {sorted(out.scores)}")
-    for name, s in out.scores.items():
-        s = torch.as_tensor(s).detach().float()
-        if tuple(s.shape) != (len(cands),):
-            raise _Bad(f"score {name!r} has shape {tuple(s.shape)}, expected ({len(cands)},)")
-        if not torch.isfinite(s).all():
-            raise _Bad(f"score {name!r} contains NaN or inf")
-    return f"{len(out.scores)} score vector(s) over {len(cands)} candidates, primary {out.primary!r}"
-
-
-def _run_recon(attack: Attack, task: Task, seed: int) -> str:
-    from .cells import probe_observations
-
-    if not task.recon_targets:
-        raise _Bad(f"{task.id} has no reconstruction targets")
-    fedavg = build(DEFENSES.get("fedavg"), {}, "defense")
-    obs, targets = probe_observations(replace(task, recon_targets=list(task.recon_targets)[:1]), fedavg, seed)
-    outs = attack.run_batch(obs)
-    if len(outs) != 1 or not isinstance(outs[0], Reconstructions):
-        raise _Bad(f"returned {[type(o).__name__ for o in outs]}, expected one Reconstructions")
-    img = outs[0].images
-    want = tuple(targets[0][0].shape)
-    if tuple(img.shape) != (1, *want):
-        raise _Bad(f"images have shape {tuple(img.shape)}, expected (1, {', '.join(map(str, want))})")
-    if not torch.isfinite(img).all():
-        raise _Bad("reconstructed images contain NaN or inf")
-    if outs[0].labels is not None and tuple(outs[0].labels.shape) != (1,):
-        raise _Bad(f"labels have shape {tuple(outs[0].labels.shape)}, expected (1,)")
-    return f"reconstruction of shape {tuple(img.shape)}"
 
 
 def check_attack(
