@@ -8,6 +8,9 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from bench.caption_metrics import make_caption_utility
+from bench.scenarios._vlm_presets import Spec
+from bench.types import CaptionSpec, LoraSpec, TaskAPI, TokenSpec
 from models import vlm
 
 
@@ -73,3 +76,72 @@ def make_generate(tokenizer, max_new_tokens: int) -> Callable[[vlm.SmallVLM, dic
         return [tokenizer.decode(x, skip_special_tokens=True).strip() for x in ids]
 
     return generate
+
+
+def caption_api(
+    p: Spec,
+    tokenizer,
+    layout: vlm.PromptLayout,
+    build_model: Callable[[], vlm.SmallVLM],
+    *,
+    arch: str,
+    sizes: tuple[int, int, int],
+    **extra: Any,
+) -> TaskAPI:
+    """The vlm-caption TaskAPI of every preset: LoRA on the language model, the image / caption slices of the
+    logits, the caption losses, greedy captioning. ``sizes``: (transformer blocks, vocabulary, image side in px);
+    ``extra``: ``num_classes`` (grounded captions) and ``population_size``."""
+    num_layers, vocab, image_size = sizes
+    return TaskAPI(
+        name="vlm-caption",
+        family="vlm-caption",
+        arch=arch,
+        num_layers=num_layers,
+        lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)),
+        parts=("image", "caption"),
+        tokens=TokenSpec(vocab_size=vocab, max_len=layout.prompt_len + p.max_caption_tokens + 1, pad_id=layout.pad_id),
+        caption=CaptionSpec(
+            num_image_tokens=layout.num_image_tokens,
+            image_start=layout.image_start,
+            prompt_len=layout.prompt_len,
+            image_size=image_size,
+            num_classes=extra.get("num_classes"),
+            generate=make_generate(tokenizer, p.gen_tokens),
+        ),
+        loss=vlm_loss,
+        per_sample_loss=vlm_per_sample_loss,
+        collate=make_collate(layout.pad_id),
+        build_model=build_model,
+        logits=vlm_logits,
+        population_size=int(extra.get("population_size", 0)),
+    )
+
+
+def recipe_config(p: Spec) -> dict[str, Any]:
+    """What every preset's ``Task.config`` records of the recipe: LoRA, the prompt, the seeds, the preset's notes."""
+    return {
+        "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
+        "prompt": vlm.PROMPT_PRE + "{image}" + vlm.PROMPT_POST,
+        "data_seed": p.data_seed,
+        "model_seed": p.model_seed,
+        **p.notes,
+    }
+
+
+def caption_utility(p: Spec, api: TaskAPI, items: Sequence[dict[str, Any]]) -> Callable:
+    """Every preset's utility (:func:`bench.caption_metrics.make_caption_utility`): the held-out caption NLL and the
+    captions of ``p.gen_items`` held-out images, scored against their references."""
+    if api.caption is None or api.caption.generate is None:
+        raise ValueError("a vlm-caption TaskAPI captions (caption_api)")
+    return make_caption_utility(
+        items, api.collate, generate=api.caption.generate, loss_fn=vlm.caption_nll, gen_items=p.gen_items, batch_size=16
+    )
+
+
+def num_layers(config) -> int:
+    """Transformer blocks of the LM: OpenELM names them ``num_transformer_layers``, Llama-like configs
+    ``num_hidden_layers``."""
+    n = getattr(config, "num_transformer_layers", None) or getattr(config, "num_hidden_layers", None)
+    if not n:
+        raise ValueError(f"{type(config).__name__} names no layer count (num_transformer_layers / num_hidden_layers)")
+    return int(n)

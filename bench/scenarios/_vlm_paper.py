@@ -14,12 +14,10 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from bench.assets import AssetMissing
-from bench.caption_metrics import make_caption_utility
 from bench.fl import split_clients
-from bench.scenarios._vlm_api import make_collate, make_generate, vlm_logits, vlm_loss, vlm_per_sample_loss
+from bench.scenarios._vlm_api import caption_api, caption_utility, num_layers, recipe_config
 from bench.scenarios._vlm_presets import PAPER_DATA_ENV, Spec
 from bench.task import Task
-from bench.types import CaptionSpec, LoraSpec, TaskAPI, TokenSpec
 from models import llm, vlm
 
 
@@ -94,38 +92,17 @@ def paper_task(p: Spec) -> Task:
     members = ds(train[: p.n_members])
     nonmembers = ds(held[: p.n_nonmembers])
     test = ds(held[p.n_nonmembers : p.n_nonmembers + p.n_test])
-    collate = make_collate(pid)
     parts = split_clients(members.labels, p.fl.num_clients, None, seed=p.data_seed)
-    generate = make_generate(tok, p.gen_tokens)
-    api = TaskAPI(
-        name="vlm-caption",
-        family="vlm-caption",
+    api = caption_api(
+        p,
+        tok,
+        layout,
+        build_model,
         arch="openelm",
-        num_layers=_num_layers(lm_base.config),
-        lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)),
-        parts=("image", "caption"),
-        tokens=TokenSpec(
-            vocab_size=int(lm_base.get_input_embeddings().weight.shape[0]),
-            pad_id=pid,
-            max_len=layout.prompt_len + p.max_caption_tokens + 1,
-        ),
-        caption=CaptionSpec(
-            num_image_tokens=n_vis,
-            image_start=layout.image_start,
-            prompt_len=layout.prompt_len,
-            image_size=224,
-            generate=generate,
-        ),
-        loss=vlm_loss,
-        per_sample_loss=vlm_per_sample_loss,
-        collate=collate,
-        build_model=build_model,
-        logits=vlm_logits,
+        sizes=(num_layers(lm_base.config), int(lm_base.get_input_embeddings().weight.shape[0]), 224),
     )
     test_items = _LazyList(test)
-    utility = make_caption_utility(
-        test_items, collate, generate=generate, loss_fn=vlm.caption_nll, gen_items=p.gen_items, batch_size=16
-    )
+    utility = caption_utility(p, api, test_items)
     config = {
         "model": vlm.TINYLLAVA_ID,
         "model_revision": vlm.TINYLLAVA_REVISION,
@@ -134,11 +111,7 @@ def paper_task(p: Spec) -> Task:
         "n_nonmembers": len(nonmembers),
         "n_test": len(test),
         "client_sizes": [len(c) for c in parts],
-        "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
-        "prompt": vlm.PROMPT_PRE + "{image}" + vlm.PROMPT_POST,
-        "data_seed": p.data_seed,
-        "model_seed": p.model_seed,
-        **p.notes,
+        **recipe_config(p),
     }
     return Task(
         scenario="vlm-caption",
@@ -156,15 +129,6 @@ def paper_task(p: Spec) -> Task:
         extras={"client_utility": True},
         config=config,
     )
-
-
-def _num_layers(config) -> int:
-    """Transformer blocks of the LM: OpenELM names them ``num_transformer_layers``, Llama-like configs
-    ``num_hidden_layers``."""
-    n = getattr(config, "num_transformer_layers", None) or getattr(config, "num_hidden_layers", None)
-    if not n:
-        raise ValueError(f"{type(config).__name__} names no layer count (num_transformer_layers / num_hidden_layers)")
-    return int(n)
 
 
 class _LazyList(Sequence):

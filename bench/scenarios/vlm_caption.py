@@ -33,11 +33,20 @@ from torch import nn
 from torch.utils.data import Subset
 
 from bench import captions as cap
-from bench.caption_metrics import make_caption_utility
 from bench.data import Items
 from bench.fl import split_clients
 from bench.registry import register_scenario
-from bench.scenarios._vlm_api import make_collate, make_generate, vlm_logits, vlm_loss, vlm_per_sample_loss
+from bench.scenarios._vlm_api import (
+    caption_api,
+    caption_utility,
+    make_collate,
+    make_generate,
+    num_layers,
+    recipe_config,
+    vlm_logits,
+    vlm_loss,
+    vlm_per_sample_loss,
+)
 from bench.scenarios._vlm_data import (
     caption_words,
     fashion,
@@ -50,7 +59,7 @@ from bench.scenarios._vlm_paper import paper_task
 from bench.scenarios._vlm_presets import N_POPULATION, PAPER_DATA_ENV, SPECS, Spec
 from bench.task import Task, preset_entry
 from bench.text_data import stratified_split
-from bench.types import CaptionSpec, LoraSpec, TaskAPI, TokenSpec
+from bench.types import LoraSpec
 from models import llm, vlm
 
 __all__ = [  # the scenario's names, wherever they live (tests and users import them from here)
@@ -200,9 +209,7 @@ def build_task(preset: str) -> Task:
         members,
         nonmembers,
         test,
-        collate,
         _task_record(p, model_cfg),
-        arch="llama",
         probe=lambda: assemble(None),
         population=population,
     )
@@ -217,10 +224,8 @@ def _assemble(
     members: list[dict],
     nonmembers: list[dict],
     test: list[dict],
-    collate,
     model_cfg: dict[str, Any],
     *,
-    arch: str,
     probe: Callable[[], vlm.SmallVLM] | None = None,
     population: list[dict] | None = None,
 ) -> Task:
@@ -228,37 +233,23 @@ def _assemble(
     parts = split_clients(member_ds.labels, p.fl.num_clients, p.fl.dirichlet_alpha, seed=p.data_seed)
     client_data = [Subset(member_ds, idx) for idx in parts]
     probe = (probe or build_model)()  # the architecture only (no projector pre-training)
-    cfg = probe.lm.get_base_model().config
-    num_layers = int(getattr(cfg, "num_hidden_layers", 0) or getattr(cfg, "num_transformer_layers", 0))
-    vocab = int(probe.lm.get_input_embeddings().weight.shape[0])
+    sizes = (
+        num_layers(probe.lm.get_base_model().config),
+        int(probe.lm.get_input_embeddings().weight.shape[0]),
+        p.canvas,
+    )
     del probe
-    generate = make_generate(tok, p.gen_tokens)
-    api = TaskAPI(
-        name="vlm-caption",
-        family="vlm-caption",
-        arch=arch,
-        num_layers=num_layers,
-        lora=LoraSpec(r=p.lora_r, alpha=p.lora_alpha, targets=tuple(p.lora_targets)),
-        parts=("image", "caption"),
-        tokens=TokenSpec(vocab_size=vocab, max_len=layout.prompt_len + p.max_caption_tokens + 1, pad_id=layout.pad_id),
-        caption=CaptionSpec(
-            num_image_tokens=layout.num_image_tokens,
-            image_start=layout.image_start,
-            prompt_len=layout.prompt_len,
-            image_size=p.canvas,
-            num_classes=len(cap.CLASS_NAMES),
-            generate=generate,
-        ),
-        loss=vlm_loss,
-        per_sample_loss=vlm_per_sample_loss,
-        collate=collate,
-        build_model=build_model,
-        logits=vlm_logits,
+    api = caption_api(
+        p,
+        tok,
+        layout,
+        build_model,
+        arch="llama",
+        sizes=sizes,
+        num_classes=len(cap.CLASS_NAMES),
         population_size=len(population or ()),
     )
-    utility = make_caption_utility(
-        test_ds.items, collate, generate=generate, loss_fn=vlm.caption_nll, gen_items=p.gen_items, batch_size=16
-    )
+    utility = caption_utility(p, api, test_ds.items)
     config = _assemble_config(p, model_cfg, (len(member_ds), len(nonmember_ds), len(test_ds)), [len(c) for c in parts])
     return Task(
         scenario="vlm-caption",
@@ -286,7 +277,7 @@ def _assemble_config(
     test) and the clients' sizes."""
     return {
         **model_cfg,
-        "prompt": vlm.PROMPT_PRE + "{image}" + vlm.PROMPT_POST,
+        **recipe_config(p),
         "side": p.side,
         "n_members": sizes[0],
         "n_nonmembers": sizes[1],
@@ -294,10 +285,6 @@ def _assemble_config(
         "client_sizes": client_sizes,
         "gen_items": p.gen_items,
         "gen_tokens": p.gen_tokens,
-        "lora": {"r": p.lora_r, "alpha": p.lora_alpha, "dropout": p.lora_dropout, "targets": list(p.lora_targets)},
-        "data_seed": p.data_seed,
-        "model_seed": p.model_seed,
-        **p.notes,
     }
 
 
