@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from attacks.loss_mia import aux_sets
+from bench.loss_signals import loss_timesteps, per_sample_grad_norms
 from bench.metrics import held_out_scores
 from bench.params import param
 from bench.registry import register_attack
-from bench.signals import loss_timesteps, per_sample_grad_norms
 from bench.types import Attack, Observation, Scores
 
 

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bench.loss_signals import cell_losses, loss_timesteps, seeded, single_thread
 from bench.metrics import held_out_scores
 from bench.params import param
 from bench.registry import register_attack
-from bench.signals import cell_losses, loss_timesteps, seeded, single_thread
 from bench.types import Attack, Observation, Scores
 
 

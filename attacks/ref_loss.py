@@ -40,9 +40,9 @@ from typing import Any, Sequence
 
 from torch import Tensor, nn
 
+from bench.loss_signals import cell_losses, loss_timesteps
 from bench.params import param
 from bench.registry import register_attack
-from bench.signals import cell_losses, loss_timesteps
 from bench.types import Attack, Observation, Scores
 
 

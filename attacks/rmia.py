@@ -1,6 +1,6 @@
 """Reference-model membership inference: RMIA ([RMIA], offline) with LiRA offline ([LiRA]) as a variant.
 
-Signal p(x | theta) = exp(-loss(x; theta)) from ``bench.signals.per_sample_losses``: image classification,
+Signal p(x | theta) = exp(-loss(x; theta)) from ``bench.loss_signals.per_sample_losses``: image classification,
 the softmax probability of the true label (exp(-cross-entropy)); LM / VLM, the per-token geometric mean of
 the sequence likelihood (exp(-mean token NLL)); diffusion, exp(-mean denoising MSE over ``timesteps``
 stratified steps with the cell's seeded noise, the same noise for the target and every reference model):
@@ -61,11 +61,11 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from bench.loss_signals import cell_losses, loss_timesteps
 from bench.params import param
 from bench.progress import progress
 from bench.reference import default_count, population_reason
 from bench.registry import register_attack
-from bench.signals import cell_losses, loss_timesteps
 from bench.types import Attack, Observation, Scores, TaskSpec
 
 A_GRID = tuple(i / 10 for i in range(11))  # the a values [RMIA]'s code tries (tune_offline_a: 0, 0.1, ..., 1)

@@ -381,7 +381,7 @@ def train_loss(model: LatentDiffusion, batch: dict[str, Tensor]) -> Tensor:
 
 
 def eval_timesteps(num_timesteps: int = 1000, n: int = NUM_EVAL_TIMESTEPS) -> list[int]:
-    """The n stratified timesteps floor((j + 1/2) T / n) (as ``bench.signals.loss_timesteps``)."""
+    """The n stratified timesteps floor((j + 1/2) T / n) (as ``bench.loss_signals.loss_timesteps``)."""
     return sorted({min(num_timesteps - 1, int((j + 0.5) * num_timesteps / n)) for j in range(n)})
 
 

@@ -210,7 +210,7 @@ def test_bench_per_sample_gradient_norms(benchmark):
         collate=lambda xs: (torch.stack([x for x, _ in xs]), torch.tensor([y for _, y in xs])),
         build_model=None,
     )
-    from bench.signals import per_sample_grad_norms
+    from bench.loss_signals import per_sample_grad_norms
 
     times: dict[str, list[float]] = {"fb": [], "norms": []}
     x1, y1 = api.collate(cands[:1])

@@ -21,15 +21,8 @@ from attacks.loss_mia import LossMIA, fit_attack_mlp
 from attacks.max_renyi import MaxRenyi
 from attacks.ref_loss import RefLoss
 from bench.cells import best_threshold
-from bench.signals import (
-    _token_rows,
-    loss_timesteps,
-    masked_topk_mean,
-    masked_topk_means,
-    modified_renyi_entropy,
-    per_sample_grad_norms,
-    renyi_entropy,
-)
+from bench.loss_signals import loss_timesteps, per_sample_grad_norms
+from bench.signals import _token_rows, masked_topk_mean, masked_topk_means, modified_renyi_entropy, renyi_entropy
 from bench.types import DiffusionOps, DiffusionSpec, Observation, Public, TaskAPI
 from tests.benchlib import one_thread  # noqa: F401 - the fixture
 
