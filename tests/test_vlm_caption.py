@@ -29,7 +29,7 @@ from bench.caption_metrics import (  # noqa: E402
     tokenize,
 )
 from bench.types import Observation  # noqa: E402
-from models import vlm  # noqa: E402
+from models import vlm, vlm_align  # noqa: E402
 from tests.assets import hub_snapshot, need  # noqa: E402
 
 HAVE_FASHION = Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz").is_file()
@@ -426,7 +426,7 @@ def test_projector_cache_key_changes_with_the_visual_grid_and_encoder_size():
     from bench.scenarios.vlm_caption import SPECS, effnet_smollm2_name, projector_spec
 
     def key(q):
-        return vlm.projector_key(
+        return vlm_align.projector_key(
             projector_spec(q, effnet_smollm2_name(q)),
             steps=q.projector_steps,
             batch_size=q.projector_batch,
@@ -823,7 +823,7 @@ def test_a_killed_projector_alignment_resumes_to_the_same_projector(smoke, tmp_p
     # arrange: the same alignment run straight through, and killed after 4 of 6 steps (checkpoints every 2)
     items = _items(smoke.test_data)[:12]
     kw = dict(steps=6, batch_size=3, lr=1e-2, seed=0)
-    straight, _ = vlm.pretrain_projector(smoke.api.build_model(), items, smoke.api.collate, **kw)
+    straight, _ = vlm_align.pretrain_projector(smoke.api.build_model(), items, smoke.api.collate, **kw)
     stem = tmp_path / "partial"
     calls = []
 
@@ -834,11 +834,13 @@ def test_a_killed_projector_alignment_resumes_to_the_same_projector(smoke, tmp_p
         return smoke.api.collate(batch_items)
 
     with pytest.raises(KeyboardInterrupt):
-        vlm.pretrain_projector(smoke.api.build_model(), items, dying, checkpoint=stem, every=2, **kw)
+        vlm_align.pretrain_projector(smoke.api.build_model(), items, dying, checkpoint=stem, every=2, **kw)
     # act: a fresh process's run of the same alignment
     again = []
     counting = lambda b: again.append(1) or smoke.api.collate(b)  # noqa: E731
-    resumed, log = vlm.pretrain_projector(smoke.api.build_model(), items, counting, checkpoint=stem, every=2, **kw)
+    resumed, log = vlm_align.pretrain_projector(
+        smoke.api.build_model(), items, counting, checkpoint=stem, every=2, **kw
+    )
     # assert: bit for bit the uninterrupted projector; the log covers all six steps
     assert straight.keys() == resumed.keys()
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)

@@ -60,7 +60,7 @@ from bench.scenarios._vlm_presets import N_POPULATION, PAPER_DATA_ENV, SPECS, Sp
 from bench.task import Task, preset_entry
 from bench.text_data import stratified_split
 from bench.types import LoraSpec
-from models import llm, vlm
+from models import llm, vlm, vlm_align
 
 __all__ = [  # the scenario's names, wherever they live (tests and users import them from here)
     "N_POPULATION",
@@ -139,7 +139,7 @@ def _task_record(p: Spec, model_cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def projector_spec(p: Spec, model: str) -> dict[str, Any]:
-    """What the aligned projector depends on (its cache key, ``models.vlm.projector_key``): the model (encoder
+    """What the aligned projector depends on (its cache key, ``models.vlm_align.projector_key``): the model (encoder
     size included), the visual-token grid, the canvas, the prompt and the public data."""
     return {
         "model": model,
@@ -187,7 +187,7 @@ def build_task(preset: str) -> Task:
         """The VLM with the stage-1 aligned projector, pre-trained (or loaded from its cache) on first use, so
         building the task (``bench list``, planning) stays cheap."""
         if p.projector_steps and "state" not in holder:
-            holder["state"], holder["log"], _ = vlm.load_or_pretrain_projector(
+            holder["state"], holder["log"], _ = vlm_align.load_or_pretrain_projector(
                 spec,
                 lambda: assemble(None),
                 lambda: public_items(p, tok, layout),
@@ -316,7 +316,7 @@ def preparations(preset: str) -> list:
     per_step = ALIGN_SECONDS_PER_STEP.get(preset)
     if p.model != "effnet-smollm2" or not p.projector_steps or per_step is None:
         return []
-    stem = vlm.projector_stem(
+    stem = vlm_align.projector_stem(
         projector_spec(p, effnet_smollm2_name(p)),
         steps=p.projector_steps,
         batch_size=p.projector_batch,
