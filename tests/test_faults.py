@@ -230,19 +230,19 @@ def test_a_record_failing_the_schema_on_write_is_kept_as_failed_with_the_reason(
 
 
 def test_planted_pickles_as_ldm_base_and_vlm_projector_caches_do_not_run(tmp_path, monkeypatch):
-    from models import ldm, vlm_align
+    from models import ldm, ldm_base, vlm_align
 
     monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
     marker = tmp_path / "PWNED"
-    res0 = ldm.PretrainResult({"w": torch.ones(2)}, {"u": torch.zeros(3)}, 0.5, {"steps": 1})
+    res0 = ldm_base.PretrainResult({"w": torch.ones(2)}, {"u": torch.zeros(3)}, 0.5, {"steps": 1})
     calls = []
-    monkeypatch.setattr(ldm, "pretrain", lambda *a, **k: calls.append("ldm") or res0)
+    monkeypatch.setattr(ldm_base, "pretrain", lambda *a, **k: calls.append("ldm") or res0)
     fake_projector = lambda *a, **k: calls.append("vlm") or ({"p": torch.ones(4)}, {})  # noqa: E731
     monkeypatch.setattr(vlm_align, "pretrain_projector", fake_projector)
     cfg = ldm.LDMConfig()
 
     def pretrain_both():
-        base, _ = ldm.load_or_pretrain(cfg, {"n": 1}, lambda: (None, None, None))
+        base, _ = ldm_base.load_or_pretrain(cfg, {"n": 1}, lambda: (None, None, None))
         proj, log, _ = vlm_align.load_or_pretrain_projector(
             {"m": 1}, lambda: None, lambda: [], None, steps=1, batch_size=1, lr=0.1, seed=0
         )

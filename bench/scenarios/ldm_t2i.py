@@ -54,7 +54,7 @@ from bench.scenarios._ldm_presets import N_POPULATION, PAPER_DATA_COMMIT, PAPER_
 from bench.task import Task, preset_entry
 from bench.types import DiffusionOps, DiffusionSpec, LoraSpec, TaskAPI
 from bench.utility_gen import make_generation_utility, mean_loss
-from models import ldm
+from models import ldm, ldm_base
 
 __all__ = [  # the scenario's names, wherever they live (tests and users import them from here)
     "N_POPULATION",
@@ -91,8 +91,8 @@ def _base_factory(p: Spec):
     def base() -> ldm.LatentDiffusion:
         if "m" not in holder:
             if p.model.vae_steps or p.model.unet_steps:
-                res, path = ldm.load_or_pretrain(p.model, public_spec(p), lambda: public_data(p))
-                holder["m"] = ldm.base_from(p.model, res)
+                res, path = ldm_base.load_or_pretrain(p.model, public_spec(p), lambda: public_data(p))
+                holder["m"] = ldm_base.base_from(p.model, res)
                 holder["log"] = res.log  # type: ignore[assignment]
             else:
                 holder["m"] = ldm.random_base(p.model)
@@ -359,7 +359,7 @@ def preparations(preset: str) -> list:
     seconds = BASE_SECONDS.get(preset)
     if seconds is None or not (p.model.vae_steps or p.model.unet_steps):
         return []
-    stem = ldm.base_stem(p.model, public_spec(p), create=False)
+    stem = ldm_base.base_stem(p.model, public_spec(p), create=False)
     return [Preparation("ldm-t2i base pre-training", ("ldm-t2i",), stem, seconds)]
 
 
