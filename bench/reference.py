@@ -22,7 +22,6 @@ seed) reuses them. The engine trains them as units of their own before the cells
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -37,8 +36,8 @@ from .fl import TrainResult, client_model_state, run_federated, seeded_fedsgd, s
 from .signal_cache import fingerprint
 from .store import stable_hash
 from .task import Task
-from .training import MAX_CLIENT_NUMEL, _decode, _encode, build_trained_model, label, target_client, train_key
-from .types import Defense, n_items, params_of
+from .training import build_trained_model, decode_run, keep_target_client, label, run_key, save_run, train_key
+from .types import Defense, n_items
 
 REF_SALT = 0x524D4941  # "RMIA": the population split's random stream, apart from every other draw
 DEFAULT_COUNT = {"smoke": 2}  # reference models when the attack leaves R to the preset; 4 elsewhere ([RMIA])
@@ -262,27 +261,10 @@ def _train(task: Task, defense: Defense, seed: int, r: int, spec: RefSpec, stem:
         desc=f"reference {r} {task.id} {label(defense)} s{seed}",
         checkpoint=ckpt,
     )
-    if sum(t.numel() for t in res.global_state.values()) > MAX_CLIENT_NUMEL:  # as the target run keeps
-        keep = target_client(res, seed=seed, num_clients=len(task.client_data))
-        res.client_latest = {c: v for c, v in res.client_latest.items() if c == keep}
+    keep_target_client(res, task, seed)  # as the target run keeps
     if stem is not None:
-        tensors, meta = _encode(res)
-        meta["key"] = {
-            "task": task.id,
-            "preset": task.preset,
-            "defense": defense.name,
-            "params": params_of(defense),
-            "seed": seed,
-            "reference": r,
-            "n_train": spec.n_train,
-        }
-        try:
-            cachefile.save(stem, tensors, meta)
-        except (TypeError, ValueError, OSError) as e:  # the run is fine: use it, retrain next time
-            print(  # noqa: T201
-                f"warning: reference cache {r} for {label(defense)} seed {seed} not written: {type(e).__name__}: {e}",
-                file=sys.stderr,
-            )
+        key = {**run_key(task, defense, seed), "reference": r, "n_train": spec.n_train}
+        save_run(stem, res, key, f"reference cache {r} for {label(defense)} seed {seed}")
     if ckpt is not None:
         ckpt.clear()
     return res
@@ -298,11 +280,11 @@ def get_reference(task: Task, defense: Defense, seed: int, r: int, cache_root: P
     if cache_root is not None:
         root, qdir = _cache_dirs(Path(cache_root))
         stem = root / spec.key
-        hit = cachefile.load(stem, _decode, quarantine_dir=qdir)
+        hit = cachefile.load(stem, decode_run, quarantine_dir=qdir)
         if hit is not None:
             return _remember(spec.key, hit)
         with cachefile.building(stem):  # another run training it: wait, then read its entry
-            hit = cachefile.load(stem, _decode, quarantine_dir=qdir)
+            hit = cachefile.load(stem, decode_run, quarantine_dir=qdir)
             return _remember(spec.key, hit if hit is not None else _train(task, defense, seed, r, spec, stem))
     return _remember(spec.key, _train(task, defense, seed, r, spec, stem))
 

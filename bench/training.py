@@ -87,7 +87,7 @@ def _encode(res: TrainResult) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return tensors, {**meta, "order": order, "clients": list(res.client_latest)}
 
 
-def _decode(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> TrainResult:
+def decode_run(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> TrainResult:
     groups = cachefile.unflatten(tensors, meta["order"])
     scalars = {f.name: meta[f.name] for f in dataclasses.fields(TrainResult) if f.name in meta}
     return TrainResult(
@@ -151,11 +151,11 @@ def get_training(task: Task, defense: Defense, seed: int, cache_root: Path) -> T
     stem = cache_stem(task, defense, seed, cache_root)
     qdir = _quarantine_dir(cache_root)
     legacy = (stem.with_name(stem.name + ".pt"), _legacy)
-    hit = cachefile.load(stem, _decode, quarantine_dir=qdir, legacy=legacy)
+    hit = cachefile.load(stem, decode_run, quarantine_dir=qdir, legacy=legacy)
     if hit is not None:
         return hit
     with cachefile.building(stem):  # another run training it: wait, then read its entry
-        hit = cachefile.load(stem, _decode, quarantine_dir=qdir, legacy=legacy)
+        hit = cachefile.load(stem, decode_run, quarantine_dir=qdir, legacy=legacy)
         return hit if hit is not None else _train(task, defense, seed, stem)
 
 
@@ -163,10 +163,7 @@ def _train(task: Task, defense: Defense, seed: int, stem: Path) -> TrainResult:
     """Train the run now (resuming from its round checkpoint), evaluate its utility and cache it at ``stem``."""
     ckpt = Checkpoint(path_for(stem), key=stem.name)
     model, res = run_federated(task, defense, seed, desc=f"train {task.id} {label(defense)} s{seed}", checkpoint=ckpt)
-    numel = sum(t.numel() for t in res.global_state.values())
-    if numel > MAX_CLIENT_NUMEL:  # large models: keep only the client the curious server targets
-        keep = target_client(res, seed=seed, num_clients=len(task.client_data))
-        res.client_latest = {c: v for c, v in res.client_latest.items() if c == keep}
+    keep_target_client(res, task, seed)
     model.eval()
     with torch.no_grad():
         res.utility = {k: float(v) for k, v in task.utility(model).items()}
@@ -177,20 +174,30 @@ def _train(task: Task, defense: Defense, seed: int, stem: Path) -> TrainResult:
         cmodel = build_trained_model(task, defense, cstate, res.global_buffers)
         with torch.no_grad():
             res.utility.update({f"client_{k}": float(v) for k, v in task.utility(cmodel).items()})
-    tensors, meta = _encode(res)
-    meta["key"] = {
-        "task": task.id,
-        "preset": task.preset,
-        "defense": defense.name,
-        "params": params_of(defense),
-        "seed": seed,
-    }
-    try:
-        cachefile.save(stem, tensors, meta)
-    except (TypeError, ValueError, OSError) as e:  # the run itself is fine: use it, retrain next time
-        print(  # noqa: T201
-            f"warning: training cache for {label(defense)} seed {seed} not written: {type(e).__name__}: {e}",
-            file=sys.stderr,
-        )
+    save_run(stem, res, run_key(task, defense, seed), f"training cache for {label(defense)} seed {seed}")
     ckpt.clear()
     return res
+
+
+def keep_target_client(res: TrainResult, task: Task, seed: int) -> None:
+    """Large models: keep only the latest state of the client the curious server targets (``target_client``), so
+    a run's cache entry stays near one model's size."""
+    if sum(t.numel() for t in res.global_state.values()) > MAX_CLIENT_NUMEL:
+        keep = target_client(res, seed=seed, num_clients=len(task.client_data))
+        res.client_latest = {c: v for c, v in res.client_latest.items() if c == keep}
+
+
+def run_key(task: Task, defense: Defense, seed: int) -> dict[str, Any]:
+    """What a cached run's metadata records as its key (read by people and tools, not by the cache lookup)."""
+    return {"task": task.id, "preset": task.preset, "defense": defense.name, "params": params_of(defense), "seed": seed}
+
+
+def save_run(stem: Path, res: TrainResult, key: dict[str, Any], what: str) -> None:
+    """Cache a finished run at ``stem`` (atomically, bench/cachefile.py) with ``key`` in its metadata. A failed write
+    warns naming ``what``: the run itself is fine, so it is used now and retrained next time."""
+    tensors, meta = _encode(res)
+    meta["key"] = key
+    try:
+        cachefile.save(stem, tensors, meta)
+    except (TypeError, ValueError, OSError) as e:
+        print(f"warning: {what} not written: {type(e).__name__}: {e}", file=sys.stderr)  # noqa: T201

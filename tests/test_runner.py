@@ -9,7 +9,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 
+from bench.fl import TrainResult
 from bench.runner import plan, run, write_failed
 from bench.runplan import CostModel, parse_time
 from bench.store import Store
@@ -596,3 +598,44 @@ def test_the_leaderboard_flags_recorded_cells_whose_training_run_failed_to_retra
     assert Results(recs).unreproduced_trainings() == [] and Results(ref_failed).unreproduced_trainings() == []
     assert Results(all_failed).unreproduced_trainings() == []
     assert len(banner) == 1 and banner[0].startswith("> **Training not reproduced: ") and "diverged" in banner[0]
+
+
+def _small_run() -> TrainResult:
+    return TrainResult(
+        global_state={"w": torch.arange(6.0).reshape(2, 3)},
+        client_latest={1: {"w": torch.ones(2, 3)}},
+        transcript=[{"client": 1, "round": 0, "kind": "weights", "bytes": 24, "numel": 6, "meta": {}}],
+        bytes_down=[24],
+        utility={"test_loss": 1.5},
+    )
+
+
+def test_a_saved_run_reads_back_with_its_key(tmp_path):
+    from bench import cachefile
+    from bench.training import decode_run, save_run
+
+    # arrange
+    stem, res, key = tmp_path / "run", _small_run(), {"task": "t", "seed": 3, "reference": 1}
+    # act
+    save_run(stem, res, key, "training cache for t seed 3")
+    back = cachefile.load(stem, decode_run, quarantine_dir=tmp_path / "quarantine")
+    # assert
+    assert cachefile.head(stem)["meta"]["key"] == key
+    assert back is not None and torch.equal(back.global_state["w"], res.global_state["w"])
+    assert back.client_latest.keys() == {1} and back.utility == {"test_loss": 1.5}
+
+
+def test_a_run_whose_cache_write_fails_warns_and_is_not_lost(tmp_path, monkeypatch, capsys):
+    from bench import cachefile, training
+
+    # arrange: the disk refuses the write
+    def refuse(*a, **k):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(cachefile, "save", refuse)
+    # act
+    training.save_run(tmp_path / "run", _small_run(), {"seed": 0}, "reference cache 2 for fedavg seed 0")
+    # assert: a warning naming the entry and the cause, nothing raised, nothing half-written
+    err = capsys.readouterr().err
+    assert "warning: reference cache 2 for fedavg seed 0 not written: OSError: No space left on device" in err
+    assert not list(tmp_path.iterdir())
