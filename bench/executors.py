@@ -1,7 +1,7 @@
 """Where work units run: in this process, in local worker processes, or as Ray tasks.
 
-A unit (``bench.runner.Unit``: one training run or one attack cell) is executed by
-``bench.runner.execute_unit`` wherever it lands. Isolated executors run it in a child process with a
+A unit (``bench.units.Unit``: one training run or one attack cell) is executed by
+``bench.units.execute_unit`` wherever it lands. Isolated executors run it in a child process with a
 wall-clock budget and a memory cap (``RLIMIT_AS``); a child that overruns is killed and the unit comes
 back ``failed`` with the reason, so one misbehaving defense cannot stall or take down the run. Worker
 processes are reused across units and restarted only after a timeout or a crash (a fresh child per unit
@@ -28,7 +28,7 @@ from typing import Any, Callable, cast
 
 from .device import gpu_memory_mb, placements
 from .progress import unit_progress
-from .runner import InlineExecutor, Unit, execute_unit  # noqa: F401 -- executors sit above the runner; InlineExecutor re-exported
+from .units import InlineExecutor, Unit, execute_unit  # noqa: F401 -- executors sit above the units; InlineExecutor re-exported
 
 # A worker's outcome: {"key", "kind", "status": ok|failed|n/a, "reason", "wall_s", "restart": bool, ...}
 Outcome = dict

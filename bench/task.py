@@ -68,7 +68,7 @@ class Task:
     # clients' data concatenated) and "nonmembers"; None = the whole pools (bench.cells.view_split)
     eval_subsets: Mapping[str, Sequence[int]] | None = None
     # a picklable zero-argument builder returning this task (or a list holding it): how a worker process
-    # rebuilds the task (bench.runner.TaskRef); set by the CLI, None = in-process runs only
+    # rebuilds the task (bench.units.TaskRef); set by the CLI, None = in-process runs only
     source: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
     # GPU memory (MiB) the task's largest unit (a training run or a cell) needs, as its scenario declares it
     # (e.g. from the paper's report); None = undeclared. Workers sharing a GPU reserve it (bench.executors.SlotPool).

@@ -367,7 +367,7 @@ def test_the_speed_probe_is_recorded_and_compares_a_machine_with_itself():
 def _retrain_in_cache(cache: Path) -> None:
     """Replace the one cached training run by another (as a retraining after a lost cache makes: in another
     process, so this one holds no copy of the former run)."""
-    from bench import cachefile, runner
+    from bench import cachefile, units
 
     (head,) = (cache / "train").glob("*.json")
     stem = head.with_suffix("")
@@ -376,7 +376,7 @@ def _retrain_in_cache(cache: Path) -> None:
     tensors = {**tensors, name: tensors[name] + 1.0}
     meta["utility"] = {k: v + 0.01 for k, v in meta["utility"].items()}
     cachefile.save(stem, tensors, meta)
-    runner._TRAIN_LRU.clear()
+    units._TRAIN_LRU.clear()
 
 
 def test_redo_before_reruns_older_records_once_and_a_resume_keeps_the_redone_ones(tmp_path):
@@ -467,11 +467,11 @@ def _membership_records(out: Path) -> dict[str, Path]:
 
 
 def _drop_training_cache(out: Path) -> None:
-    from bench import runner
+    from bench import units
 
     for f in (out / "cache" / "train").glob("*"):
         f.unlink()
-    runner._TRAIN_LRU.clear()
+    units._TRAIN_LRU.clear()
 
 
 def test_records_of_a_run_retrained_in_the_same_run_are_checked_again_and_redone_if_made_from_other_weights(
