@@ -11,6 +11,7 @@ caller rebuilds it. Legacy torch pickles (``<stem>.pt``) are read with ``weights
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -31,6 +32,18 @@ _TENSOR_FILE = re.compile(r"^[A-Za-z0-9_.-]+-[0-9a-f]{12}\.safetensors$")
 
 Entry = tuple[dict[str, Tensor], dict[str, Any]]
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` (created), so concurrent workers build a shared entry only once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class CacheDamaged(Exception):

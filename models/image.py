@@ -254,13 +254,11 @@ def load_or_pretrain(
     from bench import cachefile
     from bench.store import stable_hash
 
-    from .ldm import file_lock
-
     key = stable_hash({"spec": spec, "pretrain": asdict(cfg), "timm": timm.__version__})
     if key in _BASES:
         return _BASES[key], key
     d = cache_dir("image", key)
-    with file_lock(d / "lock"):
+    with cachefile.file_lock(d / "lock"):
         state = cachefile.load(d / "base", lambda tensors, meta: dict(tensors), quarantine_dir=d / "quarantine")
         if state is None:
             model = build()

@@ -18,8 +18,6 @@ uniformly spaced steps of GSA, [SMP-LoRA] App. G), so attacks and utility are re
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import io
 import math
@@ -27,11 +25,12 @@ import os
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from bench import cachefile
 from bench.assets import cache_dir
 from bench.progress import progress
 
@@ -156,18 +155,6 @@ def text_encoder(cfg: LDMConfig):
     raise ValueError(f"unknown text encoder {cfg.text!r}; valid: hash, minilm")
 
 
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock (concurrent runs of the process pool pre-train / encode only once)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _atomic_torch_save(obj: Any, path: Path) -> None:
     from bench.store import atomic_write_bytes
 
@@ -186,7 +173,7 @@ def encode_captions(cfg: LDMConfig, captions: Sequence[str]) -> dict[str, Tensor
     d = cache_dir("ldm", "text")
     name = f"minilm-{cfg.text_len}"
     path = d / f"{name}.pt"
-    with file_lock(d / f"{name}.lock"):
+    with cachefile.file_lock(d / f"{name}.lock"):
         store: dict[str, Tensor] = {}
         if path.exists():
             try:  # weights_only: a planted pickle cannot run; a damaged file is set aside and rebuilt

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from bench import cachefile
 from bench.assets import cache_dir
 from bench.progress import progress
 from models import ldm
@@ -131,11 +132,10 @@ def load_or_pretrain(
 ) -> tuple[PretrainResult, Path]:
     """The cached pre-trained base for (config, data) or pre-train it now (once per machine: a file lock
     serialises concurrent runs; the result is written atomically). Returns (result, cache file)."""
-    from bench import cachefile
 
     stem = base_stem(cfg, data_spec)
     d, key = stem.parent, stem.parent.name
-    with ldm.file_lock(d / "lock"):  # looked up at call time (tests/test_preparations.py finds it)
+    with cachefile.file_lock(d / "lock"):  # looked up at call time (tests/test_preparations.py finds it)
         res = cachefile.load(
             stem,
             _decode_base,
@@ -151,14 +151,12 @@ def load_or_pretrain(
 
 
 def _encode_base(res: PretrainResult) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    from bench import cachefile
 
     tensors, order = cachefile.flatten({"vae": res.vae, "unet": res.unet})
     return tensors, {"scaling": float(res.scaling), "log": res.log, "order": order}
 
 
 def _decode_base(tensors: dict[str, Tensor], meta: dict[str, Any]) -> PretrainResult:
-    from bench import cachefile
 
     groups = cachefile.unflatten(tensors, meta["order"])
     return PretrainResult(groups["vae"], groups["unet"], float(meta["scaling"]), meta["log"])

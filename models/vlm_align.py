@@ -178,7 +178,6 @@ def load_or_pretrain_projector(
     """The cached aligned projector for ``spec`` (model + data + schedule) or pre-train it now; a file lock
     makes concurrent runs pre-train once, the file is written atomically. Returns (state, log, path)."""
     from bench import cachefile
-    from models.ldm import file_lock
 
     stem = projector_stem(spec, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
     d, key = stem.parent, stem.parent.name
@@ -190,7 +189,7 @@ def load_or_pretrain_projector(
         tensors, order = cachefile.flatten({"state": blob["state"]})
         return tensors, {"log": blob["log"], "order": order}
 
-    with file_lock(d / "lock"):
+    with cachefile.file_lock(d / "lock"):
         cached = cachefile.load(stem, decode, quarantine_dir=d / "quarantine", legacy=(d / "projector.pt", legacy))
         if cached is not None:
             return cached[0], cached[1], d / "projector.json"

@@ -55,14 +55,14 @@ class _Found(Exception):
 
 
 def _lock_finder(monkeypatch):
-    """models.ldm.file_lock, which both loaders take in their entry's folder before anything else: raises with
+    """bench.cachefile.file_lock, which both loaders take in their entry's folder before anything else: raises with
     the folder, so nothing is built (the loader has created the empty folder by then)."""
-    import models.ldm
+    from bench import cachefile
 
     def found(path):
         raise _Found(path.parent)
 
-    monkeypatch.setattr(models.ldm, "file_lock", found)
+    monkeypatch.setattr(cachefile, "file_lock", found)
 
 
 def test_the_ldm_base_declared_is_the_entry_its_loader_uses(monkeypatch):

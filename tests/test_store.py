@@ -360,6 +360,35 @@ def test_a_legacy_torch_cache_is_converted_with_weights_only(tmp_path):
 # record strings reach the leaderboards escaped
 
 
+def _hold_lock(path: str, started, release) -> None:
+    with cachefile.file_lock(Path(path)):
+        started.set()
+        release.wait(30)
+
+
+def test_the_cache_lock_makes_a_second_process_wait_until_the_first_releases_it(tmp_path):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    started, release = ctx.Event(), ctx.Event()
+    lock = tmp_path / "entry" / "lock"  # its folder does not exist yet: the lock creates it
+    holder = ctx.Process(target=_hold_lock, args=(str(lock), started, release))
+    holder.start()
+    assert started.wait(60)
+
+    import fcntl
+
+    with open(lock, "a+") as f:
+        with pytest.raises(BlockingIOError):  # held by the other process
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        release.set()
+        holder.join(60)
+        with cachefile.file_lock(lock):  # released: taken at once
+            pass
+
+    assert holder.exitcode == 0
+
+
 def test_every_markdown_and_html_leaderboard_escapes_record_strings(tmp_path):
     from bench.report.leaderboards import write_leaderboards
     from tests.test_leaderboard import rec, write
