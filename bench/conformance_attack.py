@@ -118,7 +118,7 @@ def _run_membership(attack: Attack, task: Task, seed: int) -> str:
 
 
 def _run_recon(attack: Attack, task: Task, seed: int) -> str:
-    from .cells import probe_observations
+    from .recon_cells import probe_observations
 
     if not task.recon_targets:
         raise _Bad(f"{task.id} has no reconstruction targets")

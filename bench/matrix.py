@@ -8,8 +8,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from .cells import PROBE_PROTOCOL, RANDOM_IMAGE_CONTROL
 from .fl import run_mode, seeded_fedsgd
+from .recon_cells import PROBE_PROTOCOL, RANDOM_IMAGE_CONTROL
 from .reference import default_count
 from .store import provenance, stable_hash, utc_stamp
 from .task import Task

@@ -26,8 +26,9 @@ SCHEMA_VERSION = 1
 # the revision of the code that wrote it. Revision 2: reconstruction per_candidate without ``member``. Revision 3:
 # membership per_candidate ``label`` (each candidate's class where the pools have classes; the one-run audit pairs
 # within a class) and privacy ``epsilon_one_run_lower_bound``. Revision 4: reconstruction ``probe`` (how the intercepted
-# updates were made, bench.cells.PROBE_PROTOCOL). Revision 5: ``attack_resolved`` (the values an attack's configuration
-# leaves to the task, e.g. the inversion budget, where they differ from those earlier records were made with).
+# updates were made, bench.recon_cells.PROBE_PROTOCOL). Revision 5: ``attack_resolved`` (the values an attack's
+# configuration leaves to the task, e.g. the inversion budget, where they differ from those earlier records were made
+# with).
 # Revision 6: ``training`` (the SHA-256 prefix of the cached training run the cell scored, bench.training.identity).
 # Revision 7: ``training.references`` (those of the reference runs a reference-model attack scored against).
 SCHEMA_REVISION = 7

@@ -20,12 +20,13 @@ import torch
 
 from .accounting import privacy_record
 from .audit import audit_delta, record_bound
-from .cells import probe_observations, run_membership, run_reconstruction
+from .cells import run_membership
 from .device import autocast, precision_of
 from .matrix import Cell
 from .one_run_audit import record_bound as one_run_record
 from .params import check_privacy
 from .progress import unit_progress
+from .recon_cells import probe_observations, run_reconstruction
 from .reference import identities as reference_identities
 from .reference import reference_count
 from .run_state import resolve_delta

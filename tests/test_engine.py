@@ -708,7 +708,16 @@ def test_a_run_keeps_third_party_noise_out_of_the_terminal_but_not_its_own_warni
 # device placement: batches follow the model; no hard-coded device in the hot paths (no GPU here: these
 # are the CPU-side guards; GPU runs are not measured on this machine)
 
-HOT_PATHS = ("bench/scenarios", "bench/signals.py", "bench/cells.py", "bench/fl.py", "attacks", "defenses")
+HOT_PATHS = (
+    "bench/scenarios",
+    "bench/signals.py",
+    "bench/loss_signals.py",
+    "bench/cells.py",
+    "bench/recon_cells.py",
+    "bench/fl.py",
+    "attacks",
+    "defenses",
+)
 HARD_DEVICE = (
     r"""\.cpu\(\)|\.cuda\(|device\s*=\s*["'](cpu|cuda)|torch\.device\(\s*["'](cpu|cuda)"""
     r"""|\.to\(\s*["'](cpu|cuda)"""
@@ -717,12 +726,12 @@ HARD_DEVICE = (
 DEVICE_ALLOWED = {
     ("bench/signals.py", "rows[part].setdefault(k, []).extend(torch.split(v.cpu(), counts))"),
     (
-        "bench/signals.py",
+        "bench/loss_signals.py",
         "out.append(loss_matrix(api, model, api.collate(list(chunk)), timesteps).detach().double().cpu())",
     ),
     ("bench/cells.py", "return np.asarray(torch.as_tensor(t).detach().double().cpu())"),
-    ("bench/cells.py", "recon = torch.cat([o.images for o in outs]).detach().float().cpu().numpy()"),
-    ("bench/cells.py", "got = torch.cat(labels).cpu().numpy()"),
+    ("bench/recon_cells.py", "recon = torch.cat([o.images for o in outs]).detach().float().cpu().numpy()"),
+    ("bench/recon_cells.py", "got = torch.cat(labels).cpu().numpy()"),
     # the restart's starting image is drawn on the CPU generator (the same draw on every device), then moved
     ("attacks/inverting_gradients.py", "return lo.cpu() + (hi - lo).cpu() * torch.rand(size, generator=gen)"),
 }

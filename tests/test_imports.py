@@ -58,7 +58,7 @@ def test_the_walker_resolves_relative_and_from_package_imports(tmp_path):
     # act / assert
     assert g.has_edge("bench.report.leaderboards", "bench.report.claims")
     assert g.has_edge("bench.report.results", "bench.registry")
-    assert g.has_edge("bench.cells", "bench.figures")
+    assert g.has_edge("bench.recon_cells", "bench.figures")
 
 
 def test_bench_imports_have_no_cycle():

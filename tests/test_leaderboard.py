@@ -97,7 +97,7 @@ def rec(
             per_sample={"ssim": list(ssim), "psnr": [10 + 10 * v for v in ssim]},
             metrics={"ssim": mean_ci(ssim, seed=seed), "psnr": mean_ci([10 + 10 * v for v in ssim], seed=seed)},
         )
-        if targets is not None:  # target ids, as bench.cells.per_target keeps them (older records have none)
+        if targets is not None:  # target ids, as bench.recon_cells.per_target keeps them (older records have none)
             r.update(primary="ssim", per_candidate={"id": list(targets), "score": list(ssim), "variants": {}})
             r["per_candidate"]["variants"]["psnr"] = r["per_sample"]["psnr"]
     return r

@@ -1,7 +1,7 @@
 """The membership protocol (bench/cells.py): candidates drawn from the seed alone and shared by every
 defense, view and the base model; the attacker's aux split disjoint and handed only to attacks that use
 it; the client view pools every client's own members; ASR thresholds chosen on aux data. Reconstruction
-targets are the task's, whatever the defense or seed, and records name them."""
+(bench/recon_cells.py): the targets are the task's, whatever the defense or seed, and records name them."""
 
 from __future__ import annotations
 
@@ -12,19 +12,11 @@ import pytest
 import torch
 
 from attacks.loss_mia import LossMIA
-from bench.cells import (
-    PROBE_PROTOCOL,
-    assign_nonmembers,
-    best_threshold,
-    probe_observations,
-    run_membership,
-    run_reconstruction,
-    split_candidates,
-    target_ids,
-)
+from bench.cells import assign_nonmembers, best_threshold, run_membership, split_candidates
 from bench.fl import run_federated
 from bench.matrix import Cell, plan
 from bench.metrics import held_out_scores
+from bench.recon_cells import PROBE_PROTOCOL, probe_observations, run_reconstruction, target_ids
 from bench.types import Public, Reconstructions, Scores
 from defenses.fedavg import FedAvg
 from defenses.fixed_position import FixedPosition

@@ -1,7 +1,7 @@
 """Reconstruction rows paired on their targets.
 
 A reconstruction record keeps each target's metrics by target id (``per_candidate``: ``score`` is the record's
-``primary`` metric, the others are ``variants``; ``bench.cells.per_target``). Every defense and seed of a task
+``primary`` metric, the others are ``variants``; ``bench.recon_cells.per_target``). Every defense and seed of a task
 attacks the same targets, so two rows' difference is bootstrapped with one resampling shared by both: seeds, then
 the shared targets of each drawn seed (the same indices for both rows). Records without target ids (written
 before they were kept) cannot be paired: None, and the caller falls back to the unpaired difference.

@@ -94,10 +94,10 @@ SPECS = {
 # ViT 300 its +0.07, 1,000 its +0.109 +- 0.045 (239 s), 3,000 its +0.140 +- 0.053 (751 s); ResNet34 300 its +0.02,
 # 1,000 its +0.067 +- 0.025 (354 s, nothing recognisable: batch-1 train-mode BatchNorm is an instance norm). That was
 # the probe's fault, not the budget's: since 2026-11-26 probes normalise with the global model's BatchNorm statistics
-# (bench.cells.PROBE_PROTOCOL, breaching's honest-but-curious case), and ResNet34 at 300 iterations reaches mean SSIM
-# 0.37 on the 4 photos (0.06 in train mode, 0.01 random images; one run); the default cells, 3 seeds x 8 targets: SSIM
-# minus random images' +0.19, lower end +0.14 (control passes). The ViT (no BatchNorm) stays short of it: FedSGD seed
-# 0, 8 targets, gap over random images 0.106 at the defaults, 0.069 at tv 0.05, 0.112 at tv 0.5, 0.087 at lr 0.03,
+# (bench.recon_cells.PROBE_PROTOCOL, breaching's honest-but-curious case), and ResNet34 at 300 iterations reaches mean
+# SSIM 0.37 on the 4 photos (0.06 in train mode, 0.01 random images; one run); the default cells, 3 seeds x 8 targets:
+# SSIM minus random images' +0.19, lower end +0.14 (control passes). The ViT (no BatchNorm) stays short of it: FedSGD
+# seed 0, 8 targets, gap over random images 0.106 at the defaults, 0.069 at tv 0.05, 0.112 at tv 0.5, 0.087 at lr 0.03,
 # 0.101 with per-parameter cosines, 0.118 at 1,000 iterations (2026-11-26); APRIL is the ViT's attack (SSIM 1.0).
 # At 2,000 iterations (session 2026-11-28, FedSGD, 3 seeds x 8 targets, the control's own bootstrap): gap 0.163,
 # lower end 0.074 (tv 0.2); 0.164, lower end 0.082 (tv 1.0); ~5x a cell's time, and the control still fails: the
