@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad
 from torch.nn import functional as F
 
-EPS = 1e-12  # the cosine's denominator guard, as attacks.inverting_gradients._Matcher
+EPS = 1e-12  # the cosine's denominator guard, as attacks._gradient_matching.Matcher
 
 
 def _direction(
@@ -61,7 +61,7 @@ def matching_step(
     similarity: str,
 ) -> Tensor:
     """The matching loss's gradient w.r.t. ``x`` (the loss: ``1 - cos``, global or mean per tensor, or for a
-    target of signs ``1 - <g, t> / (|g|_1 |t|_inf)``: attacks.inverting_gradients._Matcher).
+    target of signs ``1 - <g, t> / (|g|_1 |t|_inf)``: attacks._gradient_matching.Matcher).
 
     ``targets`` are the target tensors in ``p``'s order and shapes, ``tn`` their norm (global), norms
     over ``layers`` (per tensor) or largest magnitude (sign), ``masks`` the adaptive variant's kept entries

@@ -87,8 +87,6 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
-from torch.nn import functional as F
 
 from attacks._client_update import (
     adaptive_client_note,
@@ -101,6 +99,7 @@ from attacks._client_update import (
     update_direction,
 )
 from attacks._compiled_matching import compiled_matching_step, compiler_missing
+from attacks._gradient_matching import Matcher, SimulatedUpdate
 from bench.params import param
 from bench.progress import nested, progress
 from bench.registry import register_attack
@@ -302,7 +301,7 @@ class InvertingGradients(Attack):
         p0 = {n: params[n].requires_grad_(True) for n in job.names}  # only matched tensors get gradients
         device = next(iter(p0.values())).device
         lo, hi = (b.to(device) for b in box(api, shape[0]))
-        match = _Matcher(
+        match = Matcher(
             [job.targets[n].to(device) for n in job.names],
             [job.masks[n].to(device) for n in job.names] if job.masks is not None else None,
             similarity=job.similarity,
@@ -318,7 +317,7 @@ class InvertingGradients(Attack):
         )
         run = _Run(
             self,
-            _SimulatedUpdate(model, p0, unroll=job.unroll, lr=job.lr),
+            SimulatedUpdate(model, p0, unroll=job.unroll, lr=job.lr),
             match,
             job.labels.to(device),
             X,
@@ -344,8 +343,8 @@ class _Run:
     """One restart of the optimisation; ``step`` is one iteration (benchmarked in tests/bench_inversion.py)."""
 
     attack: InvertingGradients
-    update: _SimulatedUpdate
-    match: _Matcher
+    update: SimulatedUpdate
+    match: Matcher
     y: Tensor
     X: nn.Parameter
     opt: torch.optim.Optimizer
@@ -393,7 +392,7 @@ class _Run:
         return float(self.match(self.update(self.X.detach(), self.y, create_graph=False)).detach())
 
 
-def _fused_step(model: nn.Module, job: _Job, match: _Matcher, y: Tensor, device: torch.device) -> Callable:
+def _fused_step(model: nn.Module, job: _Job, match: Matcher, y: Tensor, device: torch.device) -> Callable:
     """The compiled iteration bound to this target: model, matched and other parameters (+ buffers),
     targets and norms as the compiled graph's inputs (attacks/_compiled_matching.py)."""
     params = dict(model.named_parameters())
@@ -414,114 +413,3 @@ def _fused_step(model: nn.Module, job: _Job, match: _Matcher, y: Tensor, device:
         lr=job.lr,
         similarity=job.similarity,
     )
-
-
-class _SimulatedUpdate:
-    """The client's update direction as a differentiable function of the dummy input ``x``: the
-    loss gradient w.r.t. the matched parameters (``create_graph`` so the matching loss can be
-    differentiated w.r.t. ``x``), or, for an unrolled weights message, ``(p0 - p_K) / (lr K)``."""
-
-    def __init__(self, model: nn.Module, p0: dict[str, Tensor], *, unroll: int, lr: float):
-        self.model, self.p0, self.unroll, self.lr = model, p0, unroll, lr
-
-    def __call__(self, x: Tensor, y: Tensor, *, create_graph: bool = True) -> list[Tensor]:
-        with torch.enable_grad():
-            if self.unroll <= 1:  # the model's own parameters: no functional_call indirection
-                loss = F.cross_entropy(self.model(x), y)
-                return list(
-                    torch.autograd.grad(
-                        loss,
-                        list(self.p0.values()),
-                        create_graph=create_graph,
-                        allow_unused=True,
-                        materialize_grads=True,
-                    )
-                )
-            p = self.p0
-            for _ in range(self.unroll):  # the client's local SGD steps on its (single) batch
-                loss = F.cross_entropy(functional_call(self.model, p, (x,), strict=False), y)
-                g = torch.autograd.grad(
-                    loss, list(p.values()), create_graph=True, allow_unused=True, materialize_grads=True
-                )
-                p = {n: w - self.lr * gi for (n, w), gi in zip(p.items(), g)}
-            return [(self.p0[n] - p[n]) / (self.lr * self.unroll) for n in self.p0]
-
-
-class _Matcher:
-    """``1 - cos(g, target)`` (Geiping et al. 2020 Eq. 4), the mean layer-wise cosine (``per_param``), or for a
-    target of signs (``sign``: an Adam client's one-step update, module doc) ``1 - <g, t> / (|g|_1 |t|_inf)``,
-    Hoelder's pairing, 0 exactly when g has t's signs. The target's flattening and norms are computed once;
-    per-tensor dot products (``torch.dot``) instead of a concatenated gradient vector: no full-size copies per
-    iteration; ``cotangents`` gives the loss's derivative in closed form for one vector-Jacobian product."""
-
-    def __init__(self, targets: list[Tensor], masks: list[Tensor] | None, *, similarity: str = "global"):
-        if similarity not in ("global", "per_param", "sign"):
-            raise ValueError(f"similarity must be global, per_param or sign, got {similarity!r}")
-        self.t = [t.detach().reshape(-1) for t in targets]  # float (update_direction) or the caller's dtype
-        self.m = [m.reshape(-1).to(self.t[0].dtype) for m in masks] if masks is not None else None
-        self.per_param, self.sign = similarity == "per_param", similarity == "sign"
-        tn2 = torch.stack([torch.dot(t, t) for t in self.t])
-        self.layers = [i for i in range(len(self.t)) if tn2[i] > 0] if self.per_param else list(range(len(self.t)))
-        if self.sign:  # |t|_inf: the pairing's normaliser
-            self.tn = torch.stack([t.abs().max() if t.numel() else t.new_zeros(()) for t in self.t]).max()
-        else:
-            self.tn = tn2[self.layers].sqrt() if self.per_param else tn2.sum().sqrt()
-
-    def __call__(self, grads: list[Tensor]) -> Tensor:
-        g = [grads[i].reshape(-1) for i in self.layers]
-        if self.m is not None:
-            g = [gi * self.m[i] for gi, i in zip(g, self.layers)]
-        dots = torch.stack([torch.dot(gi, self.t[i]) for gi, i in zip(g, self.layers)])
-        if self.sign:
-            return 1 - dots.sum() / (torch.stack([gi.abs().sum() for gi in g]).sum() * self.tn + 1e-12)
-        gns = torch.stack([torch.dot(gi, gi) for gi in g])
-        if self.per_param:  # every parameter tensor with a non-zero target counts equally
-            if not self.layers:
-                return dots.new_zeros(())
-            return (1 - dots / (gns.sqrt() * self.tn + 1e-12)).mean()
-        return 1 - dots.sum() / (gns.sum().sqrt() * self.tn + 1e-12)
-
-    @torch.no_grad()
-    def cotangents(self, grads: list[Tensor]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        """The loss, the gradient tensors it uses and its derivative w.r.t. each of them, in closed form
-        from two dot products per tensor: ``d cos / d g = t / D - cos |t| g / (D |g|)``, D = |g||t| + eps
-        (``sign``: ``-t / D + <g, t> |t|_inf sign(g) / D^2``, D = |g|_1 |t|_inf + eps).
-        The caller back-propagates these through the client's gradient (one vector-Jacobian product),
-        so the cosine itself builds no autograd graph."""
-        used = [grads[i] for i in self.layers]
-        g = [gi.detach().reshape(-1) for gi in used]
-        if self.m is not None:
-            g = [gi * self.m[i] for gi, i in zip(g, self.layers)]
-        t = [self.t[i] for i in self.layers]
-        if not g:
-            return torch.zeros(()), [], []
-        dots = torch.stack([torch.dot(gi, ti) for gi, ti in zip(g, t)])
-        if self.sign:
-            den = torch.stack([gi.abs().sum() for gi in g]).sum() * self.tn + 1e-12
-            loss = 1 - dots.sum() / den
-            vs = torch._foreach_mul(torch._foreach_sign(g), float(dots.sum() * self.tn / den**2))
-            torch._foreach_add_(vs, t, alpha=float(-1.0 / den))
-            return loss, used, [v.view_as(u) for v, u in zip(vs, used)]
-        gns = torch.stack([torch.dot(gi, gi) for gi in g])
-        if self.per_param:
-            gn = gns.sqrt()
-            den = gn * self.tn + 1e-12
-            cos = dots / den
-            loss = (1 - cos).mean()
-            n = len(g)
-            alpha = (-1.0 / (den * n)).tolist()
-            beta = (cos * self.tn / (den * gn.clamp_min(1e-30) * n)).tolist()
-        else:
-            gn = gns.sum().sqrt()
-            den = gn * self.tn + 1e-12
-            cos = dots.sum() / den
-            loss = 1 - cos
-            alpha = [float(-1.0 / den)] * len(g)
-            beta = [float(cos * self.tn / (den * gn.clamp_min(1e-30)))] * len(g)
-        if self.per_param:  # one call for every tensor, as torch's optimisers do
-            vs = torch._foreach_mul(g, beta)
-            torch._foreach_add_(vs, torch._foreach_mul(t, alpha))
-        else:
-            vs = torch._foreach_mul(g, beta[0])
-            torch._foreach_add_(vs, t, alpha=alpha[0])
-        return loss, used, [v.view_as(u) for v, u in zip(vs, used)]

@@ -20,8 +20,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from attacks._client_update import infer_labels, total_variation, total_variation_grad, update_direction
+from attacks._gradient_matching import Matcher
 from attacks.april import April
-from attacks.inverting_gradients import InvertingGradients, _Matcher
+from attacks.inverting_gradients import InvertingGradients
 from bench.registry import ATTACKS
 from bench.types import ImageSpec, Message, NotApplicable, Observation, Public, TaskAPI, ViTSpec
 from tests.benchlib import one_thread  # noqa: F401 - the fixture
@@ -273,7 +274,7 @@ def test_gradient_matching_cotangents_equal_autograd(similarity, masked):
     masks = [torch.rand(s, generator=gen) > 0.3 for s in shapes] if masked else None
     if masks is not None:
         t = [ti * mi for ti, mi in zip(t, masks)]
-    match = _Matcher(t, masks, similarity=similarity)
+    match = Matcher(t, masks, similarity=similarity)
     loss = match(g)
     want = torch.autograd.grad(loss, g, allow_unused=True, materialize_grads=True)
     value, used, vs = match.cotangents(g)
@@ -428,7 +429,7 @@ def test_the_sign_pairing_is_zero_exactly_at_the_targets_signs():
     one-step update holds nothing else) and positive when one sign differs."""
     gen = torch.Generator().manual_seed(0)
     t = [torch.randn(5, 3, generator=gen).sign(), torch.randn(4, generator=gen).sign()]
-    match = _Matcher(t, None, similarity="sign")
+    match = Matcher(t, None, similarity="sign")
     g = [ti * (0.1 + torch.rand(ti.shape, generator=gen) * 3) for ti in t]
     assert float(match(g)) == pytest.approx(0.0, abs=1e-6)
     g[1][0] = -g[1][0]
