@@ -85,25 +85,14 @@ def _pretrain_data(preset: str, base: BaseSpec, img_size: int) -> tuple[Tensor, 
 def build_model(arch: str, preset: str, img_size: int, num_classes: int, base: BaseSpec | None = None) -> nn.Module:
     """The task's initial model: seeded random weights, or (``base``) the cached pre-trained ones."""
     spec = SPECS[preset]
-    make: Callable[[], nn.Module]
-    if arch == "vit":
-        make = functools.partial(
-            image_models.vit,
-            spec.vit,
-            num_classes=num_classes,
-            img_size=img_size,
-            seed=MODEL_SEED,
-            pretrained=spec.pretrained,
-        )
-    else:
-        make = functools.partial(
-            image_models.resnet34,
-            spec.resnet,
-            num_classes=num_classes,
-            img_size=img_size,
-            seed=MODEL_SEED,
-            pretrained=spec.pretrained,
-        )
+    sized: Callable[..., nn.Module] = (
+        functools.partial(image_models.vit, spec.vit)
+        if arch == "vit"
+        else functools.partial(image_models.resnet34, spec.resnet)
+    )
+    make = functools.partial(
+        sized, num_classes=num_classes, img_size=img_size, seed=MODEL_SEED, pretrained=spec.pretrained
+    )
     model = make()
     if base is not None:
         state, _ = image_models.load_or_pretrain(
