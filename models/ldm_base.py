@@ -132,7 +132,6 @@ def load_or_pretrain(
 ) -> tuple[PretrainResult, Path]:
     """The cached pre-trained base for (config, data) or pre-train it now (once per machine: a file lock
     serialises concurrent runs; the result is written atomically). Returns (result, cache file)."""
-
     stem = base_stem(cfg, data_spec)
     d, key = stem.parent, stem.parent.name
     with cachefile.file_lock(d / "lock"):  # looked up at call time (tests/test_preparations.py finds it)
@@ -151,12 +150,10 @@ def load_or_pretrain(
 
 
 def _encode_base(res: PretrainResult) -> tuple[dict[str, Tensor], dict[str, Any]]:
-
     tensors, order = cachefile.flatten({"vae": res.vae, "unet": res.unet})
     return tensors, {"scaling": float(res.scaling), "log": res.log, "order": order}
 
 
 def _decode_base(tensors: dict[str, Tensor], meta: dict[str, Any]) -> PretrainResult:
-
     groups = cachefile.unflatten(tensors, meta["order"])
     return PretrainResult(groups["vae"], groups["unet"], float(meta["scaling"]), meta["log"])
