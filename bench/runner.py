@@ -120,7 +120,7 @@ def run(
             c.seed,
             str(out),
             c.skeleton(),
-            estimator.cell_cost(c),
+            pl.cell_s.get(c.id, estimator.cell_cost(c)),
             device,
             affinity=share_key(c),
         )
@@ -171,7 +171,7 @@ def run(
                     skel = c.skeleton()
                     write_failed(store, skel, failure, traceback=traceback_)
                     summary.fail(skel, failure)
-                    wb.move(estimator.cell_cost(c))
+                    wb.move(pl.cell_s.get(c.id, estimator.cell_cost(c)))  # what the plan counted
                 continue
             entry["keys"].discard(key)
             if not entry["keys"]:

@@ -52,11 +52,15 @@ class CostModel:
     form trains 900 rounds, in its FedAvg form far fewer). A configuration without records of its own falls back
     to its method's median over every configuration (``by_name``); a cell on a trained target of an attack that
     states its ``relative_cost`` to its base-model cell (rmia: ~6x in the global view, ~17x in the client view of
-    vlm-caption) to that base-model cell's measured cost times the ratio; then to the preset's defaults."""
+    vlm-caption) to that base-model cell's measured cost times the ratio; then to the preset's defaults. A cell
+    whose record says it computed no signal (``cost.signals_computed`` 0: an earlier cell of its group had computed
+    them all, e.g. ``rmia(a=0.3)`` after ``rmia``) is learned apart (``follower_s``): its cost is its scoring alone,
+    and it does not lower the medians of cells that compute."""
 
     train_s: dict[tuple[str, str], float] = field(default_factory=dict)  # (task, defense label)
     cell_s: dict[tuple[str, str, str, bool], float] = field(default_factory=dict)  # (task, attack label, view, base)
     by_name: dict[tuple, float] = field(default_factory=dict)  # the same keyed by the methods' names
+    follower_s: dict[tuple, float] = field(default_factory=dict)  # cells that computed no signal (both keys)
     n_records: int = 0
     n_scaled: int = 0  # records made on another CPU whose costs were scaled by the speed probes (bench.machine)
     factors: tuple[float, ...] = ()  # the distinct scale factors applied (this machine's time / the record's)
@@ -68,6 +72,7 @@ class CostModel:
         from .store import Store
 
         train, cell, by_name = defaultdict(list), defaultdict(list), defaultdict[tuple, list](list)
+        follower = defaultdict[tuple, list](list)
         n, scaled, factors = 0, 0, set()
         if (Path(out) / "records").is_dir():
             try:
@@ -85,7 +90,12 @@ class CostModel:
                         train[(task, r.get("defense_label") or r["defense"])].append(f * float(t))
                         by_name[("train", task, r["defense"])].append(f * float(t))
                     if isinstance(a := cost.get("attack_wall_s"), (int, float)):
-                        cell[(task, r.get("attack_label") or r["attack"], view, base)].append(f * float(a))
+                        label = r.get("attack_label") or r["attack"]
+                        if cost.get("signals_computed") == 0 and (cost.get("signals_reused") or 0) > 0:
+                            follower[(task, label, view, base)].append(f * float(a))
+                            follower[("cell", task, r["attack"], view, base)].append(f * float(a))
+                            continue
+                        cell[(task, label, view, base)].append(f * float(a))
                         by_name[("cell", task, r["attack"], view, base)].append(f * float(a))
             except Exception as e:  # noqa: BLE001 - an estimate only: say so and use the defaults
                 sys.stderr.write(
@@ -96,6 +106,7 @@ class CostModel:
             {k: statistics.median(v) for k, v in train.items()},
             {k: statistics.median(v) for k, v in cell.items()},
             {k: statistics.median(v) for k, v in by_name.items()},
+            {k: statistics.median(v) for k, v in follower.items()},
             n,
             scaled,
             tuple(sorted(factors)),
@@ -111,8 +122,21 @@ class CostModel:
         learned = self.train_s.get((task.id, label(defense)), self.by_name.get(("train", task.id, defense.name)))
         return learned if learned is not None else self._default(task)["train"]
 
-    def cell_cost(self, cell) -> float:
+    def cell_cost(self, cell, *, follower: bool = False) -> float:
+        """Seconds of the cell; ``follower``: an earlier cell of the run computes its signals (:func:`share_key`),
+        estimated from measured such cells where there are any, else as a cell that computes them."""
         base = cell.defense is None
+        if follower:
+            from .training import label
+
+            got = self.follower_s.get((cell.task.id, label(cell.attack), cell.view, base))
+            got = (
+                got
+                if got is not None
+                else self.follower_s.get(("cell", cell.task.id, cell.attack.name, cell.view, base))
+            )
+            if got is not None:
+                return got
         learned = self._learned(cell, base=base)
         if learned is not None:
             return learned
@@ -175,6 +199,8 @@ class Plan:
     references: int = 0  # reference runs ([RMIA]) the applicable unfinished cells use
     needs_reference: dict[tuple, list[int]] = field(default_factory=dict)  # group key -> reference runs to train
     est_total_s: float = 0.0  # summed over units (one worker)
+    cell_s: dict[str, float] = field(default_factory=dict)  # each cell to run's estimate, by cell id
+    followers: int = 0  # cells to run whose signals an earlier cell of the run computes (share_key)
     est_by_phase: dict[str, float] = field(default_factory=dict)  # the same sum by phase (see ``add``)
     jobs: int = 1
     learned_from: int = 0
@@ -277,6 +303,15 @@ class Plan:
                 + (f" + {fmt_duration(self.prep_s)} of one-off preparations" if self.preparations else "")
                 + f"; {src})",
                 *([f"      work by phase: {by_phase(self.est_by_phase)}"] if self.est_by_phase else []),
+                *(
+                    [
+                        f"      {self.followers} of the cells to run reuse the signals another cell of theirs "
+                        "computes (the same attack, model and candidates): estimated from earlier such cells "
+                        "where there are records, else as cells that compute them"
+                    ]
+                    if self.followers
+                    else []
+                ),
                 *(
                     f"      reference runs cannot be planned (its reference-model cells will fail): {u}"
                     for u in self.unplannable
@@ -411,6 +446,7 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_befor
     pl = Plan(planned=len(cells), jobs=jobs, learned_from=model.n_records, scaled=model.n_scaled, scale_text=span)
     done = Done(store, redo_before=redo_before)
     finished: dict[tuple, list] = {}
+    shared: set[str] = set()  # share keys of the cells to run so far: the first computes, the others reuse
     for c in cells:
         pl.applicable += c.na is None
         if done(c):
@@ -421,7 +457,11 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_befor
             pl.na_cells.append(c)
         else:
             pl.groups.setdefault(group_key(c), []).append(c)
-            pl.add(c.attack.name, model.cell_cost(c))
+            follows = (sk := share_key(c)) in shared
+            shared.add(sk)
+            pl.followers += follows
+            pl.cell_s[c.id] = model.cell_cost(c, follower=follows)
+            pl.add(c.attack.name, pl.cell_s[c.id])
             pl.stale += store.finished(c.task.scenario, c.id)
     for key, group in pl.groups.items():
         c = group[0]

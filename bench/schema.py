@@ -31,7 +31,9 @@ SCHEMA_VERSION = 1
 # with).
 # Revision 6: ``training`` (the SHA-256 prefix of the cached training run the cell scored, bench.training.identity).
 # Revision 7: ``training.references`` (those of the reference runs a reference-model attack scored against).
-SCHEMA_REVISION = 7
+# Revision 8: membership ``cost.signals_reused`` / ``signals_computed`` (the cell's signal calls served by the
+# cell group's signal cache / computed: a cell with none computed cost only its scoring, bench.runplan).
+SCHEMA_REVISION = 8
 STATUSES = ("ok", "n/a", "failed")
 VIEWS = ("global_model", "client_model", "client_update", "released_model")
 
@@ -108,6 +110,8 @@ class Cost(_Open):
     train_wall_s: NonNegative | None = None
     attack_wall_s: NonNegative | None = None
     peak_mem_mb: NonNegative | None = None
+    signals_reused: Annotated[int, Field(strict=True, ge=0)] | None = None  # revision 8
+    signals_computed: Annotated[int, Field(strict=True, ge=0)] | None = None  # revision 8
 
 
 class Provenance(_Open):

@@ -117,8 +117,10 @@ class SignalCache:
         key = (kind, self.model_key(model), fps)
         if key in self._results:
             self.hits += 1
+            TOTALS["reused"] += 1
             return self._results[key]
         self.misses += 1
+        TOTALS["computed"] += 1
         out = self._results[key] = compute()
         return out
 
@@ -131,6 +133,9 @@ def cached(
 
 
 _CURRENT: dict[str, Any] = {"group": None, "cache": None}
+# signal calls served from a cache / computed and stored, over every cache of this process: a cell's record
+# carries its own share (bench.units: cost.signals_reused / signals_computed; bench.runplan learns from them)
+TOTALS = {"reused": 0, "computed": 0}
 
 
 def group_cache(group: Hashable) -> SignalCache:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import signal_cache
 from .accounting import privacy_record
 from .audit import audit_delta, record_bound
 from .cells import run_membership
@@ -216,6 +217,7 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
     }
     train, ident = _training(task, defense, unit.seed, out) if defense is not None else (None, None)
     t1 = time.time()  # the attack's time excludes loading the training run (cost.train_wall_s has it)
+    signals0 = dict(signal_cache.TOTALS)
     restart = False
     try:
         rec.update(_attack_cell(cell, train, store))
@@ -226,6 +228,9 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
         reason, restart = failure_reason(e)
         rec.update(status="failed", reason=reason, traceback=traceback.format_exc(limit=8))
     rec["cost"] = {**_costs(train, defense), "attack_wall_s": time.time() - t1}
+    if cell.attack.kind == "membership":  # how much of its signal work earlier cells had done (bench.runplan)
+        for k in ("reused", "computed"):
+            rec["cost"][f"signals_{k}"] = signal_cache.TOTALS[k] - signals0[k]
     rec["utility"] = dict(train.utility) if train is not None else {}
     if ident is not None:  # the run the cell scored (bench.runplan.Done: a record of another run is stale)
         rec["training"] = {"sha256": ident["sha256"]}

@@ -639,3 +639,72 @@ def test_a_run_whose_cache_write_fails_warns_and_is_not_lost(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert "warning: reference cache 2 for fedavg seed 0 not written: OSError: No space left on device" in err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_cell_whose_signals_an_earlier_cell_computed_records_that_it_computed_none(tmp_path):
+    # arrange: two configurations of the loss attack whose threshold scores read the same per-candidate losses
+    from attacks.loss_mia import LossMIA
+    from bench.store import Store
+
+    # act
+    run([toy_task(rounds=2)], [FedAvg()], [LossMIA(), LossMIA(epochs=5)], [0], tmp_path)
+
+    # assert: in each view, one cell computed the losses and the other reused them all
+    recs = [r for r in Store(tmp_path).records() if r["defense"] == "fedavg"]
+    for view in {r["view"] for r in recs}:
+        costs = sorted(
+            ((r["cost"]["signals_computed"], r["cost"]["signals_reused"]) for r in recs if r["view"] == view),
+            key=lambda c: c[0],
+        )
+        assert len(costs) == 2 and costs[0][0] == 0 and costs[0][1] > 0 and costs[1][0] > 0, (view, costs)
+
+
+def test_cost_model_learns_cells_that_computed_no_signal_apart_and_the_plan_uses_them(tmp_path):
+    # arrange: rmia(a=0.3) once computed its signals (1,100 s) and once found them computed (20 s)
+    from types import SimpleNamespace
+
+    from attacks.rmia import RMIA
+    from bench.store import Store
+    from tests.test_store import record
+
+    cases = [("rmia", 1000.0, 5, 0), ("rmia(a=0.3)", 1100.0, 5, 0), ("rmia(a=0.3)", 20.0, 0, 5)]
+    store = Store(tmp_path)
+    for i, (lab, wall, computed, reused) in enumerate(cases):
+        cost = {"attack_wall_s": wall, "signals_computed": computed, "signals_reused": reused}
+        store.write(record(cell_id=f"{i:016x}", attack="rmia", attack_label=lab, cost=cost))
+    task = SimpleNamespace(id="toy/mlp", preset="default", api=SimpleNamespace(family="llm-text"))
+    cell = lambda **kw: SimpleNamespace(task=task, attack=RMIA(**kw), view="global_model", defense=FedAvg())  # noqa: E731
+
+    # act
+    costs = CostModel.from_records(tmp_path)
+
+    # assert: the cheap cell does not lower the median of cells that compute; as a follower it is the estimate,
+    # for another configuration of the method too; a follower without such records costs a full cell
+    assert costs.cell_cost(cell(a=0.3)) == 1100.0 and costs.cell_cost(cell()) == 1000.0
+    assert costs.cell_cost(cell(a=0.3), follower=True) == 20.0 == costs.cell_cost(cell(a=0.5), follower=True)
+    assert CostModel().cell_cost(cell(a=0.3), follower=True) == CostModel().cell_cost(cell(a=0.3))
+
+
+def test_the_plan_estimates_cells_that_reuse_an_earlier_cells_signals_as_followers(tmp_path):
+    # arrange: two loss_mia configurations on one model and candidate set; a measured follower costs 2 s
+    from attacks.loss_mia import LossMIA
+    from bench.runplan import make_plan, share_key
+    from bench.store import Store
+
+    task = toy_task(rounds=2)
+    cells = [c for c in plan([task], [FedAvg()], [LossMIA(), LossMIA(epochs=5)], [0]) if c.na is None]
+    views = {c.view for c in cells}
+    costs = CostModel(follower_s={("cell", task.id, "loss_mia", v, base): 2.0 for v in views for base in (False, True)})
+
+    # act
+    pl = make_plan(cells, Store(tmp_path), costs)
+
+    # assert: per share key the first cell is estimated in full, the others as followers; the total adds them up
+    by_key: dict[str, list] = {}
+    for c in cells:
+        by_key.setdefault(share_key(c), []).append(c)
+    for group in by_key.values():
+        assert len(group) >= 2 and pl.cell_s[group[0].id] == costs.cell_cost(group[0]) != 2.0
+        assert [pl.cell_s[c.id] for c in group[1:]] == [2.0] * (len(group) - 1)
+    assert pl.followers == sum(len(v) - 1 for v in by_key.values()) and "reuse the signals" in pl.render()
+    assert pl.est_total_s == pytest.approx(sum(pl.cell_s.values()) + costs.train_cost(task, FedAvg()))
