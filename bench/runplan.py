@@ -186,6 +186,12 @@ def share_key(cell) -> str:
     return f"{task}|{defense}|{seed}|{cell.attack.name}|{scope}"
 
 
+def _share_key(cell) -> str | None:
+    """:func:`share_key`, or None for a declared task (bench.specs: no data to tell its member pools apart),
+    whose cells are then estimated as cells that compute their signals."""
+    return share_key(cell) if hasattr(cell.task, "client_data") else None
+
+
 @dataclass
 class Plan:
     planned: int = 0
@@ -446,7 +452,7 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_befor
     pl = Plan(planned=len(cells), jobs=jobs, learned_from=model.n_records, scaled=model.n_scaled, scale_text=span)
     done = Done(store, redo_before=redo_before)
     finished: dict[tuple, list] = {}
-    shared: set[str] = set()  # share keys of the cells to run so far: the first computes, the others reuse
+    shared: set[str | None] = set()  # share keys of the cells to run so far: the first computes, the others reuse
     for c in cells:
         pl.applicable += c.na is None
         if done(c):
@@ -457,7 +463,8 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_befor
             pl.na_cells.append(c)
         else:
             pl.groups.setdefault(group_key(c), []).append(c)
-            follows = (sk := share_key(c)) in shared
+            sk = _share_key(c)
+            follows = sk is not None and sk in shared
             shared.add(sk)
             pl.followers += follows
             pl.cell_s[c.id] = model.cell_cost(c, follower=follows)
