@@ -109,6 +109,10 @@ def run(
     portable = executor.name != "inline"
     ship = (lambda u: u.portable()) if portable else (lambda u: u)
 
+    def estimate(c: Cell) -> float:
+        """The plan's estimate of the cell (follower cells included), else the cost model's."""
+        return pl.cell_s[c.id] if c.id in pl.cell_s else estimator.cell_cost(c)
+
     def cell_unit(c: Cell) -> Unit:
         return Unit(
             "cell",
@@ -120,7 +124,7 @@ def run(
             c.seed,
             str(out),
             c.skeleton(),
-            pl.cell_s.get(c.id, estimator.cell_cost(c)),
+            estimate(c),
             device,
             affinity=share_key(c),
         )
@@ -171,7 +175,7 @@ def run(
                     skel = c.skeleton()
                     write_failed(store, skel, failure, traceback=traceback_)
                     summary.fail(skel, failure)
-                    wb.move(pl.cell_s.get(c.id, estimator.cell_cost(c)))  # what the plan counted
+                    wb.move(estimate(c))  # what the plan counted
                 continue
             entry["keys"].discard(key)
             if not entry["keys"]:
