@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from .signal_cache import SignalCache, cached
-from .signals import batches, eval_mode
+from .signals import batches, eval_mode, length_sorted
 from .types import Observation, TaskAPI
 
 
@@ -67,10 +67,13 @@ def per_sample_losses(
 
     def compute() -> Tensor:
         out = []
+        ordered, back = length_sorted(api, items)
         with seeded(seed) if seed is not None else contextlib.nullcontext(), eval_mode(model):
-            for chunk in batches(items, batch_size, desc):
+            for chunk in batches(ordered, batch_size, desc):
                 out.append(loss_matrix(api, model, api.collate(list(chunk)), timesteps).detach().double().cpu())
-        return torch.cat(out) if out else torch.zeros(0, max(1, len(timesteps)), dtype=torch.float64)
+        if not out:
+            return torch.zeros(0, max(1, len(timesteps)), dtype=torch.float64)
+        return torch.cat(out) if back is None else torch.cat(out)[back]
 
     kind = ("losses", tuple(int(t) for t in timesteps), batch_size, seed)
     return cached(cache if seed is not None else None, kind, model, items, compute)
@@ -194,13 +197,14 @@ def _per_sample_grad_norms(
     # timm's fused attention has no vmap batching rule on CPU (a slow per-sample fallback): use the
     # mathematically identical explicit softmax(QK^T)V path while taking per-sample gradients.
     fused = [m for m in model.modules() if getattr(m, "fused_attn", False) is True]
+    ordered, back = length_sorted(api, items)
     with eval_mode(model):
         try:
             for m in fused:
                 m.fused_attn = False  # type: ignore[assignment]  # torch types Module attributes as Tensor | Module
             for p in frozen:
                 p.requires_grad_(True)
-            for chunk_items in batches(items, batch_size, desc):
+            for chunk_items in batches(ordered, batch_size, desc):
                 if vmap_ok:
                     try:
                         detached = {f"model.{n}": p.detach() for n, p in params.items()}
@@ -223,8 +227,9 @@ def _per_sample_grad_norms(
                 p.requires_grad_(False)
             for m in fused:
                 m.fused_attn = True  # type: ignore[assignment]  # torch types Module attributes as Tensor | Module
-    feats = torch.cat(out) if out else torch.zeros(0, len(names), dtype=torch.float64)
-    return feats, names
+    if not out:
+        return torch.zeros(0, len(names), dtype=torch.float64), names
+    return (torch.cat(out) if back is None else torch.cat(out)[back]), names
 
 
 @contextlib.contextmanager

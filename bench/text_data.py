@@ -293,6 +293,11 @@ class TokenizedTexts(torch.utils.data.Dataset):
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "category": self.labels[i]}
 
 
+def token_length(item: dict[str, Any]) -> int:
+    """A token item's length, what :func:`collate_pad` pads a batch to the longest of (``TaskAPI.length``)."""
+    return int(item["input_ids"].numel())
+
+
 def collate_pad(items: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad a list of items to the longest one; padded positions have attention_mask 0."""
     T = max(int(it["input_ids"].numel()) for it in items)

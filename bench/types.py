@@ -261,6 +261,9 @@ class TaskAPI(TaskSpec):
     tokens: TokenSpec | None = None
     caption: CaptionSpec | None = None
     diffusion_ops: DiffusionOps | None = None
+    # an item's padded length where a batch pads to its longest item (token sequences): per-sample scoring
+    # batches items of similar length together (bench.signals.length_sorted); None: items batched as given
+    length: Callable[[Any], int] | None = None
 
 
 @dataclass(frozen=True)

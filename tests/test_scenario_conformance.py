@@ -23,7 +23,9 @@ from torch import nn
 from bench import types as bt
 from bench.conformance import smoke_tasks as cached_smoke_tasks
 from bench.lora_params import is_lora, layer_index
+from bench.loss_signals import per_sample_grad_norms, per_sample_losses
 from bench.registry import ATTACKS, DEFENSES, SCENARIOS, build
+from bench.signals import token_signals
 from defenses.fedavg import FedAvg
 from tests.assets import need
 from tests.conftest import SMOKE_ASSETS
@@ -176,6 +178,35 @@ def check_collate_loss_and_per_sample_loss_on_two_items(task) -> None:
 def test_collate_loss_and_per_sample_loss_on_two_items(tasks):
     for task in tasks[1]:
         check_collate_loss_and_per_sample_loss_on_two_items(task)
+
+
+def check_length_order_keeps_each_items_signals(task) -> None:
+    """A task that declares ``api.length`` is scored in length order (bench.signals.length_sorted): every
+    per-sample signal must come back in the caller's order and equal the one computed in the given order."""
+    api = task.api
+    if api.length is None:
+        return
+    pool = [task.nonmembers[i] for i in range(min(len(task.nonmembers), 32))]
+    assert all(isinstance(api.length(x), int) and api.length(x) >= 1 for x in pool), f"{task.id}: api.length"
+    items = sorted(pool, key=api.length, reverse=True)[:: max(1, len(pool) // 6)][:6]  # longest first
+    assert len({api.length(x) for x in items}) >= 2, f"{task.id}: smoke items of one length; nothing to reorder"
+    plain = dataclasses.replace(api, length=None)
+    model = api.build_model()
+    torch.testing.assert_close(
+        per_sample_losses(api, model, items, batch_size=3), per_sample_losses(plain, model, items, batch_size=3)
+    )
+    g, _ = per_sample_grad_norms(api, model, items, batch_size=3)
+    torch.testing.assert_close(g, per_sample_grad_norms(plain, model, items, batch_size=3)[0], rtol=1e-4, atol=1e-6)
+    if api.logits is not None:
+        a, b = (token_signals(x, model, items, alphas=(1.0,), batch_size=3) for x in (api, plain))
+        for part in a:
+            assert torch.equal(a[part].mask, b[part].mask), f"{task.id}: part {part}: token masks differ"
+            torch.testing.assert_close(a[part].entropy[1.0], b[part].entropy[1.0])
+
+
+def test_length_order_keeps_each_items_signals(tasks):
+    for task in tasks[1]:
+        check_length_order_keeps_each_items_signals(task)
 
 
 def check_client_data_non_empty_and_disjoint_from_nonmembers(task) -> None:

@@ -14,6 +14,7 @@ from attacks.gradient_mia import GradientMIA
 from attacks.loss_mia import LossMIA
 from attacks.max_renyi import MaxRenyi
 from bench.signal_cache import SignalCache, fingerprint, group_cache, model_fingerprint
+from bench.signals import length_sorted
 from bench.types import Observation, Public, TaskAPI
 from tests.benchlib import one_thread  # noqa: F401 - the fixture
 
@@ -149,3 +150,13 @@ def test_attack_randomness_follows_the_cell_seed():
     a, b, c = (attack.run(observe(model, None, seed=s), cands).scores["proxy"] for s in (3, 4, 3))
     assert torch.equal(a, c) and not torch.equal(a, b)
     assert not any(f.name == "seed" for f in dataclasses.fields(LossMIA))
+
+
+def test_length_sorted_batches_by_length_and_gives_the_way_back():
+    api = dataclasses.replace(lm_api(), length=len)
+    items = ["ccc", "a", "bb", "dddd", "e"]
+    ordered, back = length_sorted(api, items)
+    assert [len(x) for x in ordered] == [1, 1, 2, 3, 4] and ordered[:2] == ["a", "e"]  # stable on ties
+    results = torch.tensor([float(len(x)) for x in ordered])
+    assert results[back].tolist() == [3.0, 1.0, 2.0, 4.0, 1.0]
+    assert length_sorted(lm_api(), items) == (items, None)  # no length: batched as given

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from bench.caption_metrics import make_caption_utility
 from bench.scenarios._vlm_presets import Spec
+from bench.text_data import token_length
 from bench.types import CaptionSpec, LoraSpec, TaskAPI, TokenSpec
 from models import vlm
 
@@ -113,6 +114,7 @@ def caption_api(
         collate=make_collate(layout.pad_id),
         build_model=build_model,
         logits=vlm_logits,
+        length=token_length,
         population_size=int(extra.get("population_size", 0)),
     )
 

@@ -41,6 +41,7 @@ from bench.text_data import (
     load_alpaca_gpt4,
     load_fortunes,
     stratified_split,
+    token_length,
 )
 from bench.types import FLConfig, LoraSpec, TaskAPI, TokenSpec
 from models import llm
@@ -426,6 +427,7 @@ def build_task(preset: str) -> Task:
         collate=collate,
         build_model=build_model,
         logits=lm_logits,
+        length=token_length,
         population_size=len(pop),
     )
     sizes = (len(member_ds), len(nonmember_ds), len(test_ds))
