@@ -20,6 +20,7 @@ second score-based attack of a cell group pays) against computing it.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import statistics
@@ -240,4 +241,73 @@ def test_bench_per_sample_gradient_norms(benchmark):
     print(
         f"\nper-sample gradient norms: {norms * 1e3:.1f} ms per candidate = {norms / fb:.2f}x one forward+backward "
         f"({fb * 1e3:.1f} ms); from the group's cache {hit * 1e6:.0f} us per candidate ({hit / fb:.4f}x)"
+    )
+
+
+def text_items(n: int, seed: int) -> list[dict[str, torch.Tensor]]:
+    """Token items with llm-text default's length profile: 40% at the 32-token cap, the rest 8-31 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [
+        32 if float(torch.rand((), generator=g)) < 0.4 else int(torch.randint(8, 32, (), generator=g)) for _ in range(n)
+    ]
+    return [
+        {"input_ids": torch.randint(0, 49_152, (L,), generator=g), "attention_mask": torch.ones(L, dtype=torch.long)}
+        for L in lengths
+    ]
+
+
+@pytest.mark.benchmark(group="membership_scoring")
+def test_bench_text_scoring_by_length_and_vmap(benchmark, smollm2_shaped):
+    """Text scoring as llm-text does it, each pair measured back to back in one run: per-sample losses with the
+    items batched by length (``TaskAPI.length``) over in the given order, and LoRA per-sample gradient norms by
+    ``torch.func.vmap`` (possible since the per-sample loss passes no padding mask) over one backward per sample."""
+    import copy
+
+    from bench.loss_signals import per_sample_grad_norms, per_sample_losses
+    from bench.scenarios.llm_text import lm_loss, lm_per_sample_loss
+    from bench.text_data import collate_pad, token_length
+    from models import llm
+
+    model = llm.add_lora(copy.deepcopy(smollm2_shaped), r=8, alpha=16.0, dropout=0.0, seed=0).eval()
+    with torch.no_grad():  # LoRA B away from zero: the gradients of a trained adapter
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.01, generator=torch.Generator().manual_seed(0))
+    api = TaskAPI(
+        name="bench",
+        family="llm-text",
+        loss=lm_loss,
+        per_sample_loss=lm_per_sample_loss,
+        collate=lambda xs: collate_pad(xs, 0),
+        build_model=None,
+        length=token_length,
+    )
+    given = dataclasses.replace(api, length=None)
+    scored, grads = text_items(64, 0), text_items(16, 1)
+    times: dict[str, list[float]] = {"given": [], "by_length": [], "loop": [], "vmap": []}
+    steps = [
+        ("given", lambda: per_sample_losses(given, model, scored, batch_size=16, desc="")),
+        ("by_length", lambda: per_sample_losses(api, model, scored, batch_size=16, desc="")),
+        ("loop", lambda: per_sample_grad_norms(api, model, grads, batch_size=8, use_vmap=False, desc="")),
+        ("vmap", lambda: per_sample_grad_norms(api, model, grads, batch_size=8, desc="")),
+    ]
+    out: dict[str, torch.Tensor] = {}
+
+    def one_round():
+        for key, fn in steps:
+            t = time.thread_time()
+            r = fn()
+            times[key].append(time.thread_time() - t)
+            out[key] = r[0] if isinstance(r, tuple) else r
+
+    benchmark.pedantic(one_round, rounds=3, iterations=1, warmup_rounds=1)
+    torch.testing.assert_close(out["by_length"], out["given"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out["vmap"], out["loop"], rtol=1e-3, atol=1e-6)
+    med = {k: statistics.median(v[1:]) for k, v in times.items()}
+    sort_gain, vmap_gain = med["given"] / med["by_length"], med["loop"] / med["vmap"]
+    benchmark.extra_info.update({f"{k}_s": v for k, v in med.items()}, sort_gain=sort_gain, vmap_gain=vmap_gain)
+    print(
+        f"\nlosses of {len(scored)} items: given order {med['given']:.2f} s, by length {med['by_length']:.2f} s "
+        f"({sort_gain:.2f}x faster); LoRA gradient norms of {len(grads)} items: one backward each "
+        f"{med['loop']:.2f} s, vmap {med['vmap']:.2f} s ({vmap_gain:.2f}x faster)"
     )

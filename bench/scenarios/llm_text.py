@@ -195,19 +195,23 @@ def lm_logits(model: nn.Module, batch: dict[str, Tensor], part: str = "text") ->
     return logits, ids[:, 1:], (am[:, 1:] & am[:, :-1]).bool()
 
 
-def token_nll(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+def token_nll(model: nn.Module, batch: dict[str, Tensor], *, pass_mask: bool = True) -> tuple[Tensor, Tensor]:
     """(nll [B,T-1] zero at padding, mask [B,T-1]): next-token NLL from one forward pass.
 
     Cross-entropy runs on the contiguous [B*T, V] logits with the shifted labels (last position
     ignored): slicing the logits first makes log-softmax and its backward 3x slower on CPU.
+    ``pass_mask=False``: the padding mask is not given to the model. Batches are right-padded (collate_pad), so
+    under causal attention no real position attends to padding and its output is the same (exact up to
+    rounding); the forward then has none of transformers' data-dependent mask checks, which ``torch.func.vmap``
+    cannot batch (gradient_mia's per-sample gradients fell back to one backward per sample). Training and the
+    utility keep the mask (their numbers, and the training runs' hashes, stay as they were).
     """
     dev = _device(model)
     ids = batch["input_ids"].to(dev)
     am = batch["attention_mask"].to(dev)
-    logits = model(input_ids=ids, attention_mask=am).logits
+    logits = model(input_ids=ids, attention_mask=am if pass_mask else None).logits
     mask = (am[:, 1:] & am[:, :-1]).bool()
-    labels = torch.full_like(ids, -100)
-    labels[:, :-1] = ids[:, 1:].masked_fill(~mask, -100)
+    labels = torch.cat([ids[:, 1:].masked_fill(~mask, -100), torch.full_like(ids[:, :1], -100)], dim=1)  # vmap
     B, T, V = logits.shape
     nll = F.cross_entropy(logits.reshape(B * T, V).float(), labels.reshape(B * T), reduction="none")
     return nll.view(B, T)[:, :-1], mask
@@ -220,8 +224,8 @@ def lm_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
 
 
 def lm_per_sample_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """[B]: each text's mean token NLL (log-perplexity)."""
-    nll, mask = token_nll(model, batch)
+    """[B]: each text's mean token NLL (log-perplexity); the scoring path, without the padding mask (token_nll)."""
+    nll, mask = token_nll(model, batch, pass_mask=False)
     return nll.sum(1) / mask.sum(1).clamp(min=1)
 
 
