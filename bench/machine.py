@@ -63,9 +63,26 @@ def probe_s() -> float:
         torch.set_num_threads(threads)
 
 
+def cpu_isa() -> str:
+    """The instruction set torch's CPU kernels dispatch to here (``torch.backends.cpu.get_cpu_capability``: AVX2,
+    AVX512, ...). One CPU name can hide two of them (an AVX2 and an AVX512 "AMD EPYC" both seen here), and the
+    kernels, hence a training run's floating-point result, follow the instruction set, not the name."""
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
 def machine_info() -> dict:
-    """What ``provenance.machine`` holds: the CPU's name, the probe's CPU seconds and its version."""
-    return {"cpu": cpu_name(), "probe_s": round(probe_s(), 6), "probe_version": PROBE_VERSION}
+    """What ``provenance.machine`` holds: the CPU's name and kernel instruction set, the probe's CPU seconds and
+    its version."""
+    return {"cpu": cpu_name(), "isa": cpu_isa(), "probe_s": round(probe_s(), 6), "probe_version": PROBE_VERSION}
+
+
+def same_cpu(record_machine: object, here: dict) -> bool:
+    """Whether a record's ``provenance.machine`` names this CPU and instruction set (``here``: the keys of
+    :func:`machine_info` for this machine): only then can retraining here be expected to repeat its weights.
+    A record from before the instruction set was recorded (schema revision < 9) cannot tell: False."""
+    return isinstance(record_machine, dict) and all(record_machine.get(k) == here[k] for k in ("cpu", "isa"))
 
 
 def speed_factor(record_machine: object) -> float | None:

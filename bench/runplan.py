@@ -294,7 +294,8 @@ class Plan:
                         f"      {self.to_recheck} recorded cell(s) of the runs to train are checked again once they "
                         f"are trained, and redone if made from other weights (e.g. trained on another CPU)"
                         + (
-                            f"; {self.likely_redo} of them name another CPU (or none) and are likely redone: "
+                            f"; {self.likely_redo} of them name another CPU or instruction set (or none) "
+                            "and are likely redone: "
                             f"~{fmt_duration(self.likely_redo_s / max(1, self.jobs))} more with {self.jobs} job(s), "
                             f"not in the estimate below"
                             if self.likely_redo
@@ -492,29 +493,31 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_befor
     from .preparations import pending
 
     pl.preparations = pending((c.task.id, c.task.preset) for group in pl.groups.values() for c in group)
-    from .machine import cpu_name
+    from .machine import cpu_isa, cpu_name
 
-    cpu = cpu_name()  # read once per plan, not once per rechecked cell
+    here = {"cpu": cpu_name(), "isa": cpu_isa()}  # read once per plan, not once per rechecked cell
     for key, group in finished.items():
         again = [c for c in group if key in pl.needs_training or (key in pl.needs_reference and uses_reference(c))]
         if again:
             pl.recheck[key] = again
-            elsewhere = [c for c in again if not made_here(store, c, cpu)]
+            elsewhere = [c for c in again if not made_here(store, c, here)]
             pl.likely_redo += len(elsewhere)
             pl.likely_redo_s += sum(model.cell_cost(c) for c in elsewhere)
     return pl
 
 
-def made_here(store, cell, cpu: str) -> bool:
-    """Whether the cell's finished record names this machine's CPU (``provenance.machine``): only then can
-    retraining here be expected to give the weights it was scored on (thread counts aside); ``cpu``: this one's."""
+def made_here(store, cell, here: dict) -> bool:
+    """Whether the cell's finished record names this machine's CPU and instruction set (``provenance.machine``,
+    bench.machine.same_cpu): only then can retraining here be expected to give the weights it was scored on
+    (thread counts aside); ``here``: this machine's."""
     path = store.record_path(cell.task.scenario, cell.id)
     try:
         rec = json.loads(path.read_bytes())
     except (OSError, ValueError):
         return False
-    machine = (rec.get("provenance") or {}).get("machine") if isinstance(rec, dict) else None
-    return isinstance(machine, dict) and machine.get("cpu") == cpu
+    from .machine import same_cpu
+
+    return same_cpu((rec.get("provenance") or {}).get("machine") if isinstance(rec, dict) else None, here)
 
 
 def uses_reference(cell) -> bool:

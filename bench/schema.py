@@ -33,7 +33,8 @@ SCHEMA_VERSION = 1
 # Revision 7: ``training.references`` (those of the reference runs a reference-model attack scored against).
 # Revision 8: membership ``cost.signals_reused`` / ``signals_computed`` (the cell's signal calls served by the
 # cell group's signal cache / computed: a cell with none computed cost only its scoring, bench.runplan).
-SCHEMA_REVISION = 8
+# Revision 9: ``provenance.machine.isa`` (the instruction set torch's CPU kernels dispatch to, bench.machine.cpu_isa).
+SCHEMA_REVISION = 9
 STATUSES = ("ok", "n/a", "failed")
 VIEWS = ("global_model", "client_model", "client_update", "released_model")
 

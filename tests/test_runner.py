@@ -364,6 +364,17 @@ def test_the_speed_probe_is_recorded_and_compares_a_machine_with_itself():
     assert speed_factor({**info, "probe_version": PROBE_VERSION + 1}) is None and speed_factor(None) is None
 
 
+def test_a_record_is_from_this_cpu_only_with_the_same_name_and_instruction_set():
+    from bench.machine import machine_info, same_cpu
+
+    here = machine_info()
+
+    assert same_cpu(dict(here), here)
+    assert not same_cpu({**here, "isa": "another ISA"}, here)  # one CPU name, AVX2 or AVX512 (seen here)
+    assert not same_cpu({k: v for k, v in here.items() if k != "isa"}, here)  # before revision 9: cannot tell
+    assert not same_cpu({**here, "cpu": "another CPU"}, here) and not same_cpu(None, here)
+
+
 def _retrain_in_cache(cache: Path) -> None:
     """Replace the one cached training run by another (as a retraining after a lost cache makes: in another
     process, so this one holds no copy of the former run)."""
@@ -496,7 +507,10 @@ def test_records_of_a_run_retrained_in_the_same_run_are_checked_again_and_redone
     (head,) = (tmp_path / "cache" / "train").glob("*.json")
     now = json.loads(head.read_text())["sha256"][:16]
     assert plans[0].to_recheck == len(paths) > 0 and f"{len(paths)} recorded cell(s)" in plans[0].render()
-    assert plans[0].likely_redo == len(paths) and f"{len(paths)} of them name another CPU" in plans[0].render()
+    assert (
+        plans[0].likely_redo == len(paths)
+        and f"{len(paths)} of them name another CPU or instruction set" in plans[0].render()
+    )
     assert all(json.loads(p.read_text())["training"] == {"sha256": now} for p in paths.values())
     assert summary.counts["ok"] == len(paths) + 1 and summary.counts["failed"] == 0
     n_cells = len(plan([task], defenses, [ToyLossMIA(), ToyMeanRecon()], [0]))
