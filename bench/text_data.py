@@ -300,11 +300,11 @@ def token_length(item: dict[str, Any]) -> int:
 
 def collate_pad(items: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad a list of items to the longest one; padded positions have attention_mask 0."""
-    T = max(int(it["input_ids"].numel()) for it in items)
+    T = max(token_length(it) for it in items)
     ids = torch.full((len(items), T), int(pad_id), dtype=torch.long)
     mask = torch.zeros((len(items), T), dtype=torch.long)
     for b, it in enumerate(items):
-        n = int(it["input_ids"].numel())
+        n = token_length(it)
         ids[b, :n] = it["input_ids"]
         mask[b, :n] = it["attention_mask"]
     cats = torch.tensor([int(it.get("category", -1)) for it in items], dtype=torch.long)

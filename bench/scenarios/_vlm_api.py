@@ -18,12 +18,12 @@ from models import vlm
 def make_collate(pad_id: int) -> Callable[[Sequence[dict[str, Any]]], dict[str, Tensor]]:
     def collate(items: Sequence[dict[str, Any]]) -> dict[str, Tensor]:
         """Right-pad the token sequences; images stacked as float [B, 3, H, W] in [0, 1]. Tensors only."""
-        T = max(int(it["input_ids"].numel()) for it in items)
+        T = max(token_length(it) for it in items)
         ids = torch.full((len(items), T), int(pad_id), dtype=torch.long)
         am = torch.zeros((len(items), T), dtype=torch.long)
         cm = torch.zeros((len(items), T), dtype=torch.bool)
         for b, it in enumerate(items):
-            n = int(it["input_ids"].numel())
+            n = token_length(it)
             ids[b, :n] = it["input_ids"]
             am[b, :n] = 1
             cm[b, :n] = it["caption_mask"]
