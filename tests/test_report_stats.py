@@ -213,10 +213,13 @@ def test_a_reconstruction_clause_against_a_baseline_at_random_level_is_inconclus
 # positive control (bench.controls: pure numpy, the harness may call it)
 
 
-def _task(fedavg_strength: float, base_strength: float, *, n: int = 64) -> list[dict]:
-    recs = [rec(defense="base", strength=base_strength, n=n)]
-    recs += [rec(defense="fedavg", strength=fedavg_strength, view=v, n=n) for v in ("global_model", "client_model")]
-    recs += [rec(defense="fedavg", attack="weak", strength=0.0, n=n)]  # the strongest attack is the one judged
+def _task(fedavg_strength: float, base_strength: float, *, n: int = 64, task: str = "sc/a") -> list[dict]:
+    recs = [rec(task=task, defense="base", strength=base_strength, n=n)]
+    recs += [
+        rec(task=task, defense="fedavg", strength=fedavg_strength, view=v, n=n)
+        for v in ("global_model", "client_model")
+    ]
+    recs += [rec(task=task, defense="fedavg", attack="weak", strength=0.0, n=n)]  # the strongest attack is judged
     return recs
 
 
@@ -254,6 +257,23 @@ def test_the_leaderboard_marks_a_task_whose_baseline_fails_its_control(tmp_path)
 
     table = pd.read_csv(tmp_path / "lb" / "sc.csv")
     assert table.positive_control.str.startswith("failed").all()
+
+
+def test_the_index_lists_every_positive_control_and_which_fail(tmp_path):
+    write(tmp_path / "run", _task(0.5, 0.0) + _task(2.5, 0.0, task="sc/b"))
+
+    write_leaderboards(tmp_path / "run", tmp_path / "lb")
+
+    index = (tmp_path / "lb" / "README.md").read_text()
+    section = index.split("## Positive controls", 1)[1]
+    assert "2 of 4 passed" in section
+    rows = [line for line in section.splitlines() if line.startswith("| sc/")]
+    assert sorted((r.split("|")[1].strip(), "FAILED" in r) for r in rows) == [
+        ("sc/a", True),
+        ("sc/a", True),
+        ("sc/b", False),
+        ("sc/b", False),
+    ]
 
 
 # ----------------------------------------------------------------------------------------------

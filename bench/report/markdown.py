@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..controls import AUROC_MIN, GAP_MIN, SSIM_GAP_MIN
 from .ranking import COLLAPSE
 from .results import UTILITY_ORDER, VIEW_SHORT, Results
 from .stats import Estimate
@@ -423,4 +424,38 @@ def index_markdown(res: Results, sections: list[dict]) -> str:
             )
         )
     parts += ["- [claims](claims.md)", "- [reported vs measured](reported_vs_measured.csv)", ""]
-    return "\n".join(parts)
+    return "\n".join(parts + controls_markdown(res))
+
+
+def controls_markdown(res: Results) -> list[str]:
+    """Where these leaderboards can answer "does this defense stop the attack": each undefended baseline's
+    positive control (bench.controls), membership per task and view, reconstruction per attack."""
+    controls = [c for cs in res.controls().values() for c in cs] + res.recon_control_list()
+    if not controls:
+        return []
+    rows = [
+        {
+            "task": c.task,
+            "preset": c.preset,
+            "kind": c.kind,
+            "baseline": c.baseline,
+            "view": VIEW_SHORT.get(c.view, c.view),
+            "attack": c.attack,
+            "control": "passed" if c.passed else "**FAILED**",
+            "why": c.reason,
+        }
+        for c in sorted(controls, key=lambda c: (c.preset, c.task, c.kind, c.attack, c.baseline, c.view))
+    ]
+    n_bad = sum(not c.passed for c in controls)
+    return [
+        "## Positive controls",
+        "",
+        f"{len(controls) - n_bad} of {len(controls)} passed. A control checks that the undefended baseline leaks "
+        f"clearly (membership: its strongest attack at AUROC >= {AUROC_MIN}, the 95% interval of its gain over the "
+        f"un-fine-tuned base model on the same candidates above {GAP_MIN}; reconstruction: the interval of its SSIM "
+        f"minus random images' on the same targets above {SSIM_GAP_MIN}). Where one fails, no defense can be shown "
+        "to stop that attack there, and the claims measured there are `inconclusive`.",
+        "",
+        _frame_md(pd.DataFrame(rows)),
+        "",
+    ]
