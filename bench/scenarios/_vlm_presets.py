@@ -112,6 +112,13 @@ SPECS: dict[str, Spec] = {
     # (250 + 250) do not lift it to 0.75: gradient_mia 0.543 (session 2026-12-01); RMIA with 4 reference runs of the
     # target's recipe (each ~53 min here, --jobs 2) 0.688, its offline LiRA 0.695, against loss 0.645 on that run
     # (session 2026-12-02; the cell 1,104 s at 2 threads).
+    # Hence 6 rounds (session 2026-12-03, AMD EPYC, 1 thread, the other core busy; a scratch run of the harness's
+    # FedAvg seed 0 with round checkpoints, the loss attack on the global model after each round, the harness's
+    # 250 + 250 candidates): AUROC 0.631 [0.58, 0.68] after round 3, 0.666 [0.62, 0.71] after round 4 (the published
+    # 4-round cell's 0.666, from another machine), 0.689 [0.65, 0.73] after 5, 0.768 [0.73, 0.81] after 6: the
+    # loss attack alone clears 0.75, with its lower end > 0.1 above the base model's 0.51. A higher lr does not:
+    # AdamW 1e-2 gave 0.541 [0.49, 0.59] after round 3 (5e-3: 0.631). Each round ~13 min of training here (plus
+    # ~3.5 min per scoring), so training and reference runs cost 1.5x the 4-round budget's.
     # Measured costs (session 2026-11-27, 1 thread per process, the other core busy): projector alignment 8.1-8.4 s
     # per step (200 steps ~27 min, once per machine); a training run at this budget 2,371 s (FedAvg) / 2,393 s
     # (FedRand) with two runs side by side (--jobs 2).
@@ -131,7 +138,7 @@ SPECS: dict[str, Spec] = {
         fl=FLConfig(
             num_clients=4,
             clients_per_round=4,
-            rounds=4,
+            rounds=6,
             local_epochs=3,
             batch_size=8,
             lr=5e-3,

@@ -13,7 +13,8 @@ disjoint from the pool) and then frozen (:mod:`models.vlm`). Presets:
 
 - ``smoke``: tiny random CNN + tiny random Llama, a few hundred images, over-fits in seconds on purpose.
 - ``default``: EfficientNet-Lite0 (ImageNet, its 7x7 map as 49 visual tokens) + SmolLM2-135M-Instruct, LoRA
-  r=16 on every linear layer, AdamW 5e-3 (wd 1e-6, batch 8 as [FedRand] s.4.1), 312 members over 4 clients.
+  r=16 on every linear layer, AdamW 5e-3 (wd 1e-6, batch 8 as [FedRand] s.4.1), 312 members over 4 clients,
+  6 rounds of 3 local epochs.
 - ``paper``: TinyLLaVA-OpenELM-450M-CLIP-0.55B and MSCOCO (Karpathy split) with [FedRand]'s settings
   (12 clients, 4 per round, 30 rounds, rank 8); local files only.
 
