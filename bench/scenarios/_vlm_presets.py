@@ -119,6 +119,10 @@ SPECS: dict[str, Spec] = {
     # loss attack alone clears 0.75, with its lower end > 0.1 above the base model's 0.51. A higher lr does not:
     # AdamW 1e-2 gave 0.541 [0.49, 0.59] after round 3 (5e-3: 0.631). Each round ~13 min of training here (plus
     # ~3.5 min per scoring), so training and reference runs cost 1.5x the 4-round budget's.
+    # The harness at this budget (session 2026-12-03, `bench run`, FedAvg seed 0, --jobs 2, training 4,982 s): loss
+    # AUROC 0.768 [0.72, 0.81] global / 0.911 [0.88, 0.94] client, base model 0.509 [0.45, 0.55] on the same
+    # candidates: the control passes in both views; gradient_mia 0.637 / 0.772, ref_loss 0.571 / 0.736, MaxRenyi
+    # 0.466 / 0.507; CIDEr 22.0 (4 rounds: 15.9), perplexity 2.57.
     # Measured costs (session 2026-11-27, 1 thread per process, the other core busy): projector alignment 8.1-8.4 s
     # per step (200 steps ~27 min, once per machine); a training run at this budget 2,371 s (FedAvg) / 2,393 s
     # (FedRand) with two runs side by side (--jobs 2).
