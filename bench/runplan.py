@@ -20,7 +20,8 @@ from typing import Any
 # Rough seconds per unit on one worker thread, by preset and scenario family: a training run ("train"), an attack
 # cell by attack name where one was measured, else by kind ("membership", "reconstruction"). Only a fallback:
 # earlier records in --out replace them. The `default` figures are medians measured on the 2-core CPU machine of
-# the published snapshots (leaderboards/default*, 2026-11-25/26, --jobs 2); `paper` ones are guesses.
+# the published snapshots (leaderboards/default*, 2026-11-25/26, --jobs 2; vlm-caption's training: its 6-round budget,
+# 4,982 s for FedAvg seed 0 on 2026-12-03); `paper` ones are guesses.
 DEFAULT_COST_S: dict[str, dict[str, dict[str, float]]] = {
     "smoke": {
         "image-cls": {"train": 2, "membership": 1, "reconstruction": 3},
@@ -31,7 +32,7 @@ DEFAULT_COST_S: dict[str, dict[str, dict[str, float]]] = {
     "default": {
         "image-cls": {"train": 105, "membership": 5, "reconstruction": 70, "april": 1, "rmia": 10},
         "llm-text": {"train": 300, "membership": 50, "reconstruction": 120, "rmia": 860},
-        "vlm-caption": {"train": 3400, "membership": 320, "reconstruction": 180, "loss_mia": 100},
+        "vlm-caption": {"train": 5000, "membership": 320, "reconstruction": 180, "loss_mia": 100},
         "ldm-t2i": {"train": 1200, "membership": 300, "reconstruction": 300},
     },
     "paper": {
@@ -58,6 +59,9 @@ class CostModel:
     and it does not lower the medians of cells that compute."""
 
     train_s: dict[tuple[str, str], float] = field(default_factory=dict)  # (task, defense label)
+    # (task, defense label) -> [(preset, config hash, seconds, rounds trained)]: each training run, so a run of the
+    # task's current configuration is estimated from runs of that configuration (train_cost)
+    train_runs: dict[tuple[str, str], list[tuple[str, str, float, int | None]]] = field(default_factory=dict)
     cell_s: dict[tuple[str, str, str, bool], float] = field(default_factory=dict)  # (task, attack label, view, base)
     by_name: dict[tuple, float] = field(default_factory=dict)  # the same keyed by the methods' names
     follower_s: dict[tuple, float] = field(default_factory=dict)  # cells that computed no signal (both keys)
@@ -72,6 +76,7 @@ class CostModel:
         from .store import Store
 
         train, cell, by_name = defaultdict(list), defaultdict(list), defaultdict[tuple, list](list)
+        runs = defaultdict[tuple, list](list)
         follower = defaultdict[tuple, list](list)
         n, scaled, factors = 0, 0, set()
         if (Path(out) / "records").is_dir():
@@ -88,6 +93,15 @@ class CostModel:
                     task, view, base = r["task"], r["view"], r["defense"] == "base"
                     if isinstance(t := cost.get("train_wall_s"), (int, float)):
                         train[(task, r.get("defense_label") or r["defense"])].append(f * float(t))
+                        rounds = cost.get("rounds") if isinstance(cost.get("rounds"), int) else None
+                        runs[(task, r.get("defense_label") or r["defense"])].append(
+                            (
+                                str(r.get("preset", "")),
+                                str((r.get("provenance") or {}).get("config_hash", "")),
+                                f * float(t),
+                                rounds,
+                            )
+                        )
                         by_name[("train", task, r["defense"])].append(f * float(t))
                     if isinstance(a := cost.get("attack_wall_s"), (int, float)):
                         label = r.get("attack_label") or r["attack"]
@@ -103,13 +117,14 @@ class CostModel:
                 )
                 return cls()
         return cls(
-            {k: statistics.median(v) for k, v in train.items()},
-            {k: statistics.median(v) for k, v in cell.items()},
-            {k: statistics.median(v) for k, v in by_name.items()},
-            {k: statistics.median(v) for k, v in follower.items()},
-            n,
-            scaled,
-            tuple(sorted(factors)),
+            train_s={k: statistics.median(v) for k, v in train.items()},
+            train_runs=dict(runs),
+            cell_s={k: statistics.median(v) for k, v in cell.items()},
+            by_name={k: statistics.median(v) for k, v in by_name.items()},
+            follower_s={k: statistics.median(v) for k, v in follower.items()},
+            n_records=n,
+            n_scaled=scaled,
+            factors=tuple(sorted(factors)),
         )
 
     @staticmethod
@@ -117,10 +132,34 @@ class CostModel:
         return DEFAULT_COST_S.get(task.preset, {}).get(task.api.family, FALLBACK)
 
     def train_cost(self, task, defense) -> float:
+        """Seconds of one training run: the median of runs of the task's current configuration; else, for a
+        federated FedAvg-protocol run, other configurations' runs of the same preset scaled by rounds (a preset
+        that changed its rounds trains that much longer per run); else any run of the defense or its method."""
         from .training import label
 
-        learned = self.train_s.get((task.id, label(defense)), self.by_name.get(("train", task.id, defense.name)))
+        lab = label(defense)
+        scaled = self._by_config(task, defense, self.train_runs.get((task.id, lab), []))
+        if scaled is not None:
+            return scaled
+        learned = self.train_s.get((task.id, lab), self.by_name.get(("train", task.id, defense.name)))
         return learned if learned is not None else self._default(task)["train"]
+
+    @staticmethod
+    def _by_config(task, defense, runs: list[tuple[str, str, float, int | None]]) -> float | None:
+        """The median of ``runs`` of ``task``'s configuration, else of its preset's runs scaled by rounds (FedAvg
+        protocol, federated: the rounds a record trained are the preset's); None where neither applies."""
+        fl, cfg, preset = getattr(task, "fl", None), getattr(task, "config_hash", None), getattr(task, "preset", None)
+        if not runs or fl is None or not callable(cfg):
+            return None
+        same = [s for p, h, s, _ in runs if p == preset and h == cfg()]
+        if same:
+            return statistics.median(same)
+        from .fl import run_mode
+
+        if defense.setting == "central" or run_mode(fl, defense) != "fedavg":
+            return None
+        per_round = [s * fl.rounds / n for p, _, s, n in runs if p == preset and n]
+        return statistics.median(per_round) if per_round else None
 
     def cell_cost(self, cell, *, follower: bool = False) -> float:
         """Seconds of the cell; ``follower``: an earlier cell of the run computes its signals (:func:`share_key`),

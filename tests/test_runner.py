@@ -297,6 +297,44 @@ def test_cost_model_keeps_a_methods_configurations_apart_and_falls_back_to_the_m
     assert costs.cell_cost(ig()) == 50.0 and costs.cell_cost(ig(restarts=3)) == 125.0
 
 
+def test_cost_model_estimates_a_changed_configuration_from_its_own_runs_else_scales_by_rounds(tmp_path):
+    # arrange: FedAvg trained at an older 4-round configuration (100 s per round) and once at the current one
+    from types import SimpleNamespace
+
+    from bench.store import Store
+    from bench.types import FLConfig
+    from defenses.dp_gaussian import DPGaussian
+    from tests.test_store import record
+
+    prov = lambda h: {"code_version": "abc", "config_hash": h, "started_at": "2026-11-23T12:00:00Z"}  # noqa: E731
+    runs = [("old", 4, 400.0), ("old", 4, 440.0), ("old", 40, 700.0)]  # the 40-round run: FedSGD's rounds
+    store = Store(tmp_path)
+    for i, (h, rounds, wall) in enumerate(runs):
+        label = "fedavg" if rounds == 4 else "dp_gaussian(form=fedsgd)"
+        store.write(
+            record(
+                cell_id=f"{i:016x}",
+                defense=label.split("(")[0],
+                defense_label=label,
+                provenance=prov(h),
+                cost={"train_wall_s": wall, "rounds": rounds},
+            )
+        )
+    task = lambda h: SimpleNamespace(  # noqa: E731 - the task spec as the planner holds it
+        id="toy/mlp", preset="smoke", fl=FLConfig(rounds=6), config_hash=lambda: h, api=SimpleNamespace(family="toy")
+    )
+
+    # act
+    costs = CostModel.from_records(tmp_path)
+
+    # assert: the old configuration's own runs; a 6-round configuration: 6 of the old runs' rounds; a FedSGD-form
+    # run is not scaled by the FedAvg rounds (its rounds are steps), so it keeps its measured time
+    assert costs.train_cost(task("old"), FedAvg()) == pytest.approx(420.0)
+    assert costs.train_cost(task("new"), FedAvg()) == pytest.approx(630.0)
+    assert costs.train_cost(task("new"), DPGaussian(form="fedsgd")) == pytest.approx(700.0)
+    assert costs.train_cost(SimpleNamespace(**{**vars(task("new")), "preset": "default"}), FedAvg()) == 420.0
+
+
 def test_a_reference_model_cell_without_records_is_estimated_from_its_base_model_cell(tmp_path):
     # arrange: only the base-model rmia cells were measured (their reference models are the base model)
     from types import SimpleNamespace
