@@ -92,16 +92,11 @@ class CostModel:
                         factors.add(round(f, 2))
                     task, view, base = r["task"], r["view"], r["defense"] == "base"
                     if isinstance(t := cost.get("train_wall_s"), (int, float)):
-                        train[(task, r.get("defense_label") or r["defense"])].append(f * float(t))
+                        dlabel = r.get("defense_label") or r["defense"]
+                        train[(task, dlabel)].append(f * float(t))
                         rounds = cost.get("rounds") if isinstance(cost.get("rounds"), int) else None
-                        runs[(task, r.get("defense_label") or r["defense"])].append(
-                            (
-                                str(r.get("preset", "")),
-                                str((r.get("provenance") or {}).get("config_hash", "")),
-                                f * float(t),
-                                rounds,
-                            )
-                        )
+                        cfg = str((r.get("provenance") or {}).get("config_hash", ""))
+                        runs[(task, dlabel)].append((str(r.get("preset", "")), cfg, f * float(t), rounds))
                         by_name[("train", task, r["defense"])].append(f * float(t))
                     if isinstance(a := cost.get("attack_wall_s"), (int, float)):
                         label = r.get("attack_label") or r["attack"]
