@@ -72,6 +72,12 @@ def cpu_isa() -> str:
     return str(torch.backends.cpu.get_cpu_capability())
 
 
+@lru_cache(maxsize=1)
+def cpu_here() -> dict:
+    """This machine's CPU name and instruction set (the keys :func:`same_cpu` compares), without the probe."""
+    return {"cpu": cpu_name(), "isa": cpu_isa()}
+
+
 def machine_info() -> dict:
     """What ``provenance.machine`` holds: the CPU's name and kernel instruction set, the probe's CPU seconds and
     its version."""

@@ -191,12 +191,14 @@ class CostModel:
 
 def record_factor(rec: dict) -> float:
     """How much longer a record's work would take on this machine: the speed probes' ratio when the record was
-    made on a CPU (``provenance.device``) with a comparable probe and this process runs on one too (1 when the
-    machine is the same, within the probe's noise of 10%, or nothing can be compared)."""
-    from .machine import speed_factor
+    made on another CPU (``provenance.device``) with a comparable probe and this process runs on one too (1 when
+    the record names this CPU and instruction set, the probes are within their noise of 10%, or nothing can be
+    compared). The same CPU is never scaled: its probes move with the load at the moment they were taken (x0.3 to
+    x1.2 between records of one machine), while the record's time was measured under the load a run has."""
+    from .machine import cpu_here, same_cpu, speed_factor
 
     prov = rec.get("provenance") or {}
-    if str(prov.get("device") or "cpu") != "cpu":
+    if str(prov.get("device") or "cpu") != "cpu" or same_cpu(prov.get("machine"), cpu_here()):
         return 1.0
     f = speed_factor(prov.get("machine"))
     return 1.0 if f is None or abs(f - 1.0) <= 0.1 else f

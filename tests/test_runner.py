@@ -246,6 +246,8 @@ def test_cost_model_scales_records_made_on_another_cpu_by_the_speed_probes(tmp_p
         ("fedper", {**prov, "machine": machine(0.1, version=-1)}),  # another probe: not comparable
         ("fedpara", prov),  # written before probes were recorded
         ("fedsgd", {**prov, "device": "cuda", "machine": machine(0.1)}),  # a GPU run: a CPU probe says nothing
+        # this CPU and instruction set: its probe moved with the load it was taken under, the time did not
+        ("fedbuff", {**prov, "machine": {**machine(0.1), **bench.machine.cpu_here()}}),
     ]
     store = Store(tmp_path)
     for i, (defense, pr) in enumerate(cases):
@@ -259,7 +261,7 @@ def test_cost_model_scales_records_made_on_another_cpu_by_the_speed_probes(tmp_p
     on_gpu = CostModel.from_records(tmp_path, device="cuda")
 
     assert costs.train_s[("toy/mlp", "fedavg")] == pytest.approx(200.0)
-    assert [costs.train_s[("toy/mlp", d)] for d, _ in cases[1:]] == [100.0] * 4
+    assert [costs.train_s[("toy/mlp", d)] for d, _ in cases[1:]] == [100.0] * 5
     assert (costs.n_scaled, costs.factors) == (1, (2.0,))
     assert on_gpu.train_s[("toy/mlp", "fedavg")] == 100.0 and on_gpu.n_scaled == 0
 
