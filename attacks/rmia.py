@@ -193,7 +193,7 @@ class RMIA(Attack):
     def relative_cost(self, task: Any, view: str) -> float:
         """A cell's scoring passes on a trained target over those of the base-model cell of the same view (whose
         reference models are the base model: the candidates and z samples scored once): the plan's first
-        estimate of such a cell from a measured base-model one (bench.runplan.CostModel). The target and each
+        estimate of such a cell from a measured base-model one (bench.costs.CostModel). The target and each
         of the R reference models score the candidates and the z samples (client view: every client's model
         all z samples beside its own candidates), and each reference model reference 0's tuning items."""
         r = self.n_reference or default_count(task.preset)

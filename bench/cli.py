@@ -69,8 +69,9 @@ def cmd_run(a) -> int:
     jobs, cfg = worker_config(a, preset, device)  # after expand(): contributed files are loaded by then
     if not a.verbose:
         silence_third_party()
+    from .costs import CostModel
     from .runner import plan, run
-    from .runplan import CostModel, by_phase, listing, make_plan
+    from .runplan import by_phase, listing, make_plan
 
     # every cell recorded already: plan over the declarations (bench.specs), no task built, no model library
     # imported; otherwise build them (may raise AssetMissing: still nothing written)

@@ -88,11 +88,12 @@ def run(
 ) -> RunSummary:
     """Run every unfinished cell of the matrix through ``executor`` (default: in this process).
 
-    ``estimator`` (bench.runplan.CostModel) weights the progress bar; ``on_plan(plan)`` is called with the
+    ``estimator`` (bench.costs.CostModel) weights the progress bar; ``on_plan(plan)`` is called with the
     plan (bench.runplan.Plan) before anything runs; ``redo_before``: cells whose records started before it run
     again (bench.runplan.Done); ``views``: only the cells in these threat views. Records are written by whoever
     finishes a cell."""
-    from .runplan import CostModel, Done, group_key, make_plan, share_key, uses_reference
+    from .costs import CostModel
+    from .runplan import Done, group_key, make_plan, share_key, uses_reference
 
     out = Path(out)
     store = Store(out)

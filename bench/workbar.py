@@ -1,5 +1,5 @@
 """The run's cost-weighted "work" bar (bench.runner.run): each unit (training run, reference run, attack cell)
-moves it by its estimated cost (bench.runplan.CostModel), a running unit by the fraction it reports
+moves it by its estimated cost (bench.costs.CostModel), a running unit by the fraction it reports
 (bench.progress), never back and never beyond its cost; the postfix names the units that are running."""
 
 from __future__ import annotations

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from bench import cachefile, preparations
+from bench.costs import CostModel
 from bench.preparations import Preparation
 from bench.registry import ATTACKS, DEFENSES, SCENARIOS, expand
 from bench.runner import plan
-from bench.runplan import CostModel, make_plan
+from bench.runplan import make_plan
 from bench.specs import declared
 from bench.store import Store
 

@@ -432,8 +432,9 @@ class _Recording:
 def test_reference_runs_are_units_before_their_cells_and_planned(tmp_path):
     import shutil
 
+    from bench.costs import CostModel
     from bench.runner import plan, run
-    from bench.runplan import CostModel, make_plan
+    from bench.runplan import make_plan
     from bench.store import Store
 
     task, ex = _population_task(rounds=1), _Recording()
@@ -592,8 +593,9 @@ def test_each_population_holds_a_reference_training_set_and_as_many_z(module, pr
 
 
 def test_a_population_too_small_for_reference_runs_is_named_in_the_plan(tmp_path):
+    from bench.costs import CostModel
     from bench.runner import plan
-    from bench.runplan import CostModel, make_plan
+    from bench.runplan import make_plan
     from bench.store import Store
 
     task = _population_task(n_pop=64, rounds=1)  # 96 members: a reference training pool needs 96 of 32

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.costs import CostModel
 from bench.fl import TrainResult
 from bench.runner import plan, run, write_failed
-from bench.runplan import CostModel, parse_time
+from bench.runplan import parse_time
 from bench.store import Store
 from defenses.fedavg import FedAvg
 from defenses.fixed_position import FixedPosition
