@@ -34,7 +34,9 @@ SCHEMA_VERSION = 1
 # Revision 8: membership ``cost.signals_reused`` / ``signals_computed`` (the cell's signal calls served by the
 # cell group's signal cache / computed: a cell with none computed cost only its scoring, bench.runplan).
 # Revision 9: ``provenance.machine.isa`` (the instruction set torch's CPU kernels dispatch to, bench.machine.cpu_isa).
-SCHEMA_REVISION = 9
+# Revision 10: ``cost.preparation_s`` (a cell's seconds in shared cache builds or waits, bench.cachefile.locked_s,
+# left out of its ``attack_wall_s``).
+SCHEMA_REVISION = 10
 STATUSES = ("ok", "n/a", "failed")
 VIEWS = ("global_model", "client_model", "client_update", "released_model")
 
@@ -113,6 +115,7 @@ class Cost(_Open):
     peak_mem_mb: NonNegative | None = None
     signals_reused: Annotated[int, Field(strict=True, ge=0)] | None = None  # revision 8
     signals_computed: Annotated[int, Field(strict=True, ge=0)] | None = None  # revision 8
+    preparation_s: NonNegative | None = None  # revision 10
 
 
 class Provenance(_Open):

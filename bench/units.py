@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import signal_cache
+from . import cachefile, signal_cache
 from .accounting import privacy_record
 from .audit import audit_delta, record_bound
 from .cells import run_membership
@@ -217,6 +217,7 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
     }
     train, ident = _training(task, defense, unit.seed, out) if defense is not None else (None, None)
     t1 = time.time()  # the attack's time excludes loading the training run (cost.train_wall_s has it)
+    locked0 = cachefile.locked_s()  # and one-off preparations (a base-model cell builds the model it scores)
     signals0 = dict(signal_cache.TOTALS)
     restart = False
     try:
@@ -227,7 +228,8 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
     except BaseException as e:
         reason, restart = failure_reason(e)
         rec.update(status="failed", reason=reason, traceback=traceback.format_exc(limit=8))
-    rec["cost"] = {**_costs(train, defense), "attack_wall_s": time.time() - t1}
+    prep = cachefile.locked_s() - locked0
+    rec["cost"] = {**_costs(train, defense), "attack_wall_s": max(0.0, time.time() - t1 - prep), "preparation_s": prep}
     if cell.attack.kind == "membership":  # how much of its signal work earlier cells had done (bench.runplan)
         for k in ("reused", "computed"):
             rec["cost"][f"signals_{k}"] = signal_cache.TOTALS[k] - signals0[k]

@@ -763,3 +763,41 @@ def test_the_plan_estimates_cells_that_reuse_an_earlier_cells_signals_as_followe
         assert [pl.cell_s[c.id] for c in group[1:]] == [2.0] * (len(group) - 1)
     assert pl.followers == sum(len(v) - 1 for v in by_key.values()) and "reuse the signals" in pl.render()
     assert pl.est_total_s == pytest.approx(sum(pl.cell_s.values()) + costs.train_cost(task, FedAvg()))
+
+
+def test_a_cells_time_in_a_shared_cache_build_is_recorded_apart_from_its_attack_time(tmp_path, monkeypatch):
+    # arrange: a loss attack that first spends 100 s inside a cache entry's lock, as the first base-model cell on a
+    # fresh machine builds the VLM's aligned projector (~40 min) before it scores anything; one fake clock for the
+    # cell's timer and the lock's, which only that build advances
+    from types import SimpleNamespace
+
+    import bench.units
+    from bench import cachefile
+
+    clock = [1e9]
+    fake = SimpleNamespace(time=lambda: clock[0], monotonic=lambda: clock[0])
+    monkeypatch.setattr(bench.units, "time", fake)
+    monkeypatch.setattr(cachefile, "time", fake)
+
+    class BuildsFirst(ToyLossMIA):
+        def run(self, obs, candidates):
+            with cachefile.file_lock(tmp_path / "entry" / "lock"):
+                clock[0] += 100.0
+            return super().run(obs, candidates)
+
+    # act
+    run([toy_task(rounds=1)], [FedAvg()], [BuildsFirst()], [0], tmp_path / "out")
+
+    # assert: every cell records the build as preparation and leaves it out of its attack time
+    costs = [r["cost"] for r in Store(tmp_path / "out").records() if r["status"] == "ok"]
+    assert costs and all(c["preparation_s"] >= 100.0 and c["attack_wall_s"] == 0.0 for c in costs), costs
+
+
+def test_nested_cache_locks_count_their_time_once(tmp_path):
+    from bench import cachefile
+
+    before = cachefile.locked_s()
+    with cachefile.file_lock(tmp_path / "a.lock"), cachefile.file_lock(tmp_path / "b.lock"):
+        time.sleep(0.2)
+
+    assert 0.2 <= cachefile.locked_s() - before < 0.4
