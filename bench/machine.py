@@ -81,7 +81,7 @@ def cpu_here() -> dict:
 def machine_info() -> dict:
     """What ``provenance.machine`` holds: the CPU's name and kernel instruction set, the probe's CPU seconds and
     its version."""
-    return {"cpu": cpu_name(), "isa": cpu_isa(), "probe_s": round(probe_s(), 6), "probe_version": PROBE_VERSION}
+    return {**cpu_here(), "probe_s": round(probe_s(), 6), "probe_version": PROBE_VERSION}
 
 
 def same_cpu(record_machine: object, here: dict) -> bool:
