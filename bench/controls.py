@@ -1,6 +1,6 @@
 """Positive control of a task: does its undefended baseline leak clearly enough for "this defense stops the
 attack" to mean anything? (Pure numpy over the records; the runner calls it after a run, the leaderboard marks
-the tasks that fail and makes their claims ``inconclusive``.)
+the tasks that fail and makes the leakage clauses measured in a failing view ``inconclusive``.)
 
 Criterion, per task and membership view of its undefended baseline (``fedavg``, else ``lora``, else ``fedsgd``,
 default configuration): the strongest membership attack (highest AUROC of its primary score) reaches AUROC >=

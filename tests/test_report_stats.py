@@ -259,6 +259,20 @@ def test_the_leaderboard_marks_a_task_whose_baseline_fails_its_control(tmp_path)
     assert table.positive_control.str.startswith("failed").all()
 
 
+def test_the_control_banner_names_only_the_view_that_fails_and_leaves_the_others_verdicts(tmp_path):
+    recs = [r for r in _task(2.5, 0.0) if r["view"] != "global_model" or r["defense"] == "base"]
+    recs += [rec(task="sc/a", defense="fedavg", strength=0.0, view="global_model", n=64)]  # only the global view fails
+    write(tmp_path / "run", recs)
+
+    write_leaderboards(tmp_path / "run", tmp_path / "lb")
+
+    md = (tmp_path / "lb" / "sc.md").read_text()
+    banner = [line for line in md.splitlines() if "Positive control failed" in line]
+    assert len(banner) == 1
+    assert "global_model view" in banner[0] and "client_model" not in banner[0]
+    assert "keep their verdicts" in banner[0]
+
+
 def test_the_index_lists_every_positive_control_and_which_fail(tmp_path):
     write(tmp_path / "run", _task(0.5, 0.0) + _task(2.5, 0.0, task="sc/b"))
 

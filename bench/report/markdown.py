@@ -262,10 +262,13 @@ def control_banner(res: Results, table: pd.DataFrame) -> list[str]:
     for preset, task in sorted({(p, t) for p, t in zip(table.get("preset", []), table.get("task", []))}):
         txt = res.control_text(preset, task)
         if txt.startswith("failed"):
+            views = sorted({c.view for c in res.controls().get((preset, task), []) if not c.passed})
             out.append(
-                f"> **Positive control failed for {md_escape(task)} ({md_escape(preset)})**: the undefended "
-                f"baseline does not leak clearly, so no defense can be shown to stop an attack here; its "
-                f"claims are `inconclusive`. {md_escape(txt[len('failed: ') :])}"
+                f"> **Positive control failed for {md_escape(task)} ({md_escape(preset)}), "
+                f"{md_escape(', '.join(views))} view{'s' if len(views) > 1 else ''}**: the undefended baseline does "
+                f"not leak clearly there, so no defense can be shown to stop an attack there; claim clauses measured "
+                f"there are `inconclusive` (clauses of views whose control passes, and utility clauses, keep "
+                f"their verdicts). {md_escape(txt[len('failed: ') :])}"
             )
             out.append("")
     tasks = set(table.get("task", []))
