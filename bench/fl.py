@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from .checkpoint import Checkpoint, from_plain
-from .progress import nested, progress
+from .progress import nested, progress, resumed
 from .run_state import new_run
 from .types import ClientState, Defense, FLConfig, Message, RoundCtx, n_items
 
@@ -316,6 +316,7 @@ def run_federated(
         privates = from_plain(privates, {k: {} for k in privates}, "ClientState.private")
         run.state = from_plain(saved["run_state"], run.state, "DefenseRun.state")  # into start_run's fresh objects
         gen.set_state(saved["generator"])
+        resumed(start, fl.rounds)  # the run's bar: these rounds are done, but not in this run's time
     t0 = time.time()
     for r in progress(range(fl.rounds), desc=desc or f"train {task.id} {defense.name}", leave=False, unit=True):
         if r < start:  # done before the checkpoint

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .progress import REPORT_S, progress_bar
+from .progress import REPORT_S, Resumed, progress_bar
 
 
 class WorkBar:
@@ -33,11 +33,14 @@ class WorkBar:
         self.running.pop(key, None)
         self._labels.pop(key, None)
 
-    def move(self, seconds: float) -> None:
+    def move(self, seconds: float, *, before: bool = False) -> None:
         """Advance by ``seconds`` of estimated work, never past the total (rounding in the units' cost sum
-        made tqdm warn)."""
+        made tqdm warn). ``before``: work done before this run (a resumed unit's checkpoint), left out of the
+        rate the ETA comes from (tqdm's ``initial``: with ``smoothing=0`` the rate is (n - initial) / elapsed)."""
         step = max(0.0, min(seconds, self.bar.total - self._moved))
         self._moved += step
+        if before:
+            self.bar.initial += step
         self.bar.update(step)
 
     def grow(self, seconds: float) -> None:
@@ -46,19 +49,21 @@ class WorkBar:
             self.bar.total += seconds
             self.bar.refresh()
 
-    def advance(self, key: str, fraction: float | str) -> None:
+    def advance(self, key: str, fraction: float | str | Resumed) -> None:
         """A running unit reports it is ``fraction`` done: the bar moves by that share of its cost, never
-        back and never beyond it (the rest lands when the unit finishes); a string is its set-up step."""
+        back and never beyond it (the rest lands when the unit finishes); a string is its set-up step; a
+        :class:`Resumed` fraction was done before this run (on the bar, not in its rate)."""
         u = self.running.get(key)
         if isinstance(fraction, str):
             if u is not None:
                 self.note(fraction)
             return
         self._show_running(key)
-        fraction = min(max(float(fraction), 0.0), 1.0)
-        if u is not None and fraction > self._shown.get(key, 0.0):
-            self.move((fraction - self._shown.get(key, 0.0)) * u.cost)
-            self._shown[key] = fraction
+        before = isinstance(fraction, Resumed)
+        share = min(max(float(fraction.fraction if isinstance(fraction, Resumed) else fraction), 0.0), 1.0)
+        if u is not None and share > self._shown.get(key, 0.0):
+            self.move((share - self._shown.get(key, 0.0)) * u.cost, before=before)
+            self._shown[key] = share
 
     def finish(self, unit: Any) -> None:
         """``unit`` finished: the rest of its cost lands."""

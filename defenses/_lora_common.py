@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from bench.fl import current, load_state, loader, train_mode, trainable
-from bench.progress import nested
+from bench.progress import nested, resumed
 from bench.types import ClientState, Message, RoundCtx, TaskSpec, n_items
 
 NEEDS_LDM = "needs a latent-diffusion LoRA task with auxiliary member / non-member sets (ldm-t2i)"
@@ -67,6 +67,7 @@ def lora_loop(
         ctx.log.clear()
         ctx.log.update(saved["log"])
         step, first = saved["step"], saved["epoch"]
+        resumed(first, ctx.fl.local_epochs)  # the run's bar: these epochs are done, but not in this run's time
     for epoch in nested(range(ctx.fl.local_epochs)):  # the run's bar moves within a central run's one round
         if epoch < first:  # done before the checkpoint
             continue

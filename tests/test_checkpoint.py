@@ -233,3 +233,20 @@ def test_the_entry_lock_admits_one_holder_at_a_time_and_leaves_no_file(tmp_path)
     # assert
     assert most[0] == 1 and not any(t.is_alive() for t in threads)
     assert not (tmp_path / "entry.lock").exists()
+
+
+def test_a_resumed_run_reports_its_restored_rounds_as_done_before_this_run(tmp_path):
+    from bench.progress import Resumed, unit_progress
+
+    # arrange: a run stopped after round 0's checkpoint
+    task = toy_task(rounds=3)
+    path = tmp_path / "run.ckpt"
+    with pytest.raises(Stop):
+        run_federated(task, FedAvg(), 3, checkpoint=StopAfterSave(path, "k", 0.0))
+    reports: list = []
+    # act
+    with unit_progress(reports.append):
+        run_federated(task, FedAvg(), 3, checkpoint=Checkpoint(path, "k", math.inf))
+    # assert: the restored third comes first, as done before; the live fractions follow it
+    assert reports[0] == Resumed(1 / 3)
+    assert all(isinstance(f, float) for f in reports[1:]) and reports[1:]

@@ -223,3 +223,56 @@ def test_a_central_lora_run_moves_the_run_bar_within_its_one_round(monkeypatch):
     fractions = [r for r in reports if isinstance(r, float)]
     assert len(fractions) >= 3 * 4
     assert fractions == sorted(fractions) and 0.0 < max(fractions) < 1.0
+
+
+def test_a_resumed_central_run_reports_its_restored_epochs_as_done_before(tmp_path):
+    # arrange: the shared LoRA loop stopped after its first epoch's checkpoint, inside a one-round unit
+    import math
+    from types import SimpleNamespace
+
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from bench.checkpoint import Checkpoint
+    from bench.progress import Resumed, progress, unit_progress
+    from bench.types import FLConfig
+    from defenses._lora_common import lora_loop
+
+    class Stop(Exception):
+        pass
+
+    class StopAfterSave(Checkpoint):
+        def save(self, state):
+            super().save(state)
+            raise Stop
+
+    fl = FLConfig(num_clients=1, clients_per_round=1, rounds=1, local_epochs=3, batch_size=2, lr=0.1)
+    data = TensorDataset(torch.randn(8, 2))
+
+    def central(checkpoint):
+        torch.manual_seed(0)
+        ctx = SimpleNamespace(
+            shared_names=["weight", "bias"],
+            fl=fl,
+            generator=torch.Generator().manual_seed(0),
+            task=SimpleNamespace(collate=None),
+            log_value=lambda k, v: None,
+            log={},
+            round=0,
+            checkpoint=checkpoint,
+        )
+        state = SimpleNamespace(model=nn.Linear(2, 1), data=data, client=0)
+        for _ in progress(range(1), desc="train", unit=True):
+            lora_loop(state, ctx, lambda m, b: (m(b[0]).pow(2).mean(), {}))
+
+    path = tmp_path / "run.ckpt"
+    with pytest.raises(Stop), unit_progress(lambda f: None):
+        central(StopAfterSave(path, "k", 0.0))
+    reports: list = []
+    # act
+    with unit_progress(reports.append):
+        central(Checkpoint(path, "k", math.inf))
+    # assert: the restored epoch is the unit's first third, reported as done before this run
+    restored = [r for r in reports if isinstance(r, Resumed)]
+    assert restored == [Resumed(pytest.approx(1 / 3))]
+    assert all(r == 0.0 for r in reports[: reports.index(restored[0])])  # only the round loop's start before it

@@ -801,3 +801,26 @@ def test_nested_cache_locks_count_their_time_once(tmp_path):
         time.sleep(0.2)
 
     assert 0.2 <= cachefile.locked_s() - before < 0.4
+
+
+def test_a_resumed_units_restored_share_is_on_the_bar_but_not_in_its_eta(monkeypatch):
+    from types import SimpleNamespace
+
+    import bench.workbar
+    from bench.progress import Resumed, progress_bar
+
+    monkeypatch.delenv("BENCH_QUIET", raising=False)  # a live tqdm bar (a disabled one keeps no count)
+    made = []
+    monkeypatch.setattr(bench.workbar, "progress_bar", lambda **kw: made.append(progress_bar(**kw)) or made[-1])
+    wb = bench.workbar.WorkBar(300.0)
+    unit = SimpleNamespace(key="t", cost=300.0)
+    wb.start(unit, "training")
+    # act: the unit resumes at a third, then reports half
+    wb.advance("t", Resumed(1 / 3))
+    wb.advance("t", 0.5)
+    # assert: 150 s on the bar, 100 of them from before this run; the ETA comes from the other 50
+    shown = made[0].format_dict
+    wb.close()
+    assert (shown["n"], shown["initial"]) == pytest.approx((150.0, 100.0))
+    remaining = made[0].format_meter(**{**shown, "elapsed": 50.0, "bar_format": "{remaining_s}"})
+    assert float(remaining) == pytest.approx(150.0)  # 150 s left at 1 s of work per second, not 50 s
