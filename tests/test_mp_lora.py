@@ -186,21 +186,19 @@ def test_one_central_run_on_smoke(name, smoke_task):
             assert 0 < r <= 1
 
 
-def test_a_central_lora_run_moves_the_run_bar_within_its_one_round(monkeypatch):
-    # arrange: the shared LoRA loop on a toy linear model, inside a unit whose main loop has one round (a central
-    # defense's whole training), reporting every step
+def central_lora_run(checkpoint=None) -> None:
+    """The shared LoRA loop (3 epochs x 4 batches) on a toy linear model, inside a unit whose main loop has one
+    round (a central defense's whole training), with ``checkpoint`` as its epoch checkpoint."""
     from types import SimpleNamespace
 
     from torch import nn
     from torch.utils.data import TensorDataset
 
-    import bench.progress
-    from bench.progress import progress, unit_progress
+    from bench.progress import progress
     from bench.types import FLConfig
     from defenses._lora_common import lora_loop
 
-    monkeypatch.setattr(bench.progress, "REPORT_S", 0.0)
-    model = nn.Linear(2, 1)
+    torch.manual_seed(0)
     fl = FLConfig(num_clients=1, clients_per_round=1, rounds=1, local_epochs=3, batch_size=2, lr=0.1)
     ctx = SimpleNamespace(
         shared_names=["weight", "bias"],
@@ -208,16 +206,26 @@ def test_a_central_lora_run_moves_the_run_bar_within_its_one_round(monkeypatch):
         generator=torch.Generator().manual_seed(0),
         task=SimpleNamespace(collate=None),
         log_value=lambda k, v: None,
+        log={},
         round=0,
-        checkpoint=None,
+        checkpoint=checkpoint,
     )
-    state = SimpleNamespace(model=model, data=TensorDataset(torch.randn(8, 2)), client=0)
+    state = SimpleNamespace(model=nn.Linear(2, 1), data=TensorDataset(torch.randn(8, 2)), client=0)
+    for _ in progress(range(1), desc="train", unit=True):
+        lora_loop(state, ctx, lambda m, b: (m(b[0]).pow(2).mean(), {}))
+
+
+def test_a_central_lora_run_moves_the_run_bar_within_its_one_round(monkeypatch):
+    # arrange: reporting every step
+    import bench.progress
+    from bench.progress import unit_progress
+
+    monkeypatch.setattr(bench.progress, "REPORT_S", 0.0)
     reports: list = []
 
     # act
     with unit_progress(reports.append):
-        for _ in progress(range(1), desc="train", unit=True):
-            lora_loop(state, ctx, lambda m, b: (m(b[0]).pow(2).mean(), {}))
+        central_lora_run()
 
     # assert: the fraction moves through the 3 epochs x 4 batches, never backwards, never to the end
     fractions = [r for r in reports if isinstance(r, float)]
@@ -226,52 +234,18 @@ def test_a_central_lora_run_moves_the_run_bar_within_its_one_round(monkeypatch):
 
 
 def test_a_resumed_central_run_reports_its_restored_epochs_as_done_before(tmp_path):
-    # arrange: the shared LoRA loop stopped after its first epoch's checkpoint, inside a one-round unit
-    import math
-    from types import SimpleNamespace
-
-    from torch import nn
-    from torch.utils.data import TensorDataset
-
+    # arrange: the run stopped after its first epoch's checkpoint
     from bench.checkpoint import Checkpoint
-    from bench.progress import Resumed, progress, unit_progress
-    from bench.types import FLConfig
-    from defenses._lora_common import lora_loop
-
-    class Stop(Exception):
-        pass
-
-    class StopAfterSave(Checkpoint):
-        def save(self, state):
-            super().save(state)
-            raise Stop
-
-    fl = FLConfig(num_clients=1, clients_per_round=1, rounds=1, local_epochs=3, batch_size=2, lr=0.1)
-    data = TensorDataset(torch.randn(8, 2))
-
-    def central(checkpoint):
-        torch.manual_seed(0)
-        ctx = SimpleNamespace(
-            shared_names=["weight", "bias"],
-            fl=fl,
-            generator=torch.Generator().manual_seed(0),
-            task=SimpleNamespace(collate=None),
-            log_value=lambda k, v: None,
-            log={},
-            round=0,
-            checkpoint=checkpoint,
-        )
-        state = SimpleNamespace(model=nn.Linear(2, 1), data=data, client=0)
-        for _ in progress(range(1), desc="train", unit=True):
-            lora_loop(state, ctx, lambda m, b: (m(b[0]).pow(2).mean(), {}))
+    from bench.progress import Resumed, unit_progress
+    from tests.test_checkpoint import Stop, StopAfterSave
 
     path = tmp_path / "run.ckpt"
     with pytest.raises(Stop), unit_progress(lambda f: None):
-        central(StopAfterSave(path, "k", 0.0))
+        central_lora_run(StopAfterSave(path, "k", 0.0))
     reports: list = []
     # act
     with unit_progress(reports.append):
-        central(Checkpoint(path, "k", math.inf))
+        central_lora_run(Checkpoint(path, "k", math.inf))
     # assert: the restored epoch is the unit's first third, reported as done before this run
     restored = [r for r in reports if isinstance(r, Resumed)]
     assert restored == [Resumed(pytest.approx(1 / 3))]
