@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, cast
 
 from .device import gpu_memory_mb, placements
-from .progress import Resumed, unit_progress
+from .progress import UnitReport, unit_progress
 from .units import InlineExecutor, Unit, execute_unit  # noqa: F401 -- executors sit above the units; InlineExecutor re-exported
 
 # A worker's outcome: {"key", "kind", "status": ok|failed|n/a, "reason", "wall_s", "restart": bool, ...}
@@ -239,9 +239,9 @@ class Slot:
             )
         return self._pool
 
-    def poll(self) -> list[tuple[str, float | str | Resumed]]:
+    def poll(self) -> list[tuple[str, UnitReport]]:
         """(unit key, done fraction or set-up step) reports sent by the worker since the last call."""
-        q, got = self._queue, cast("list[tuple[str, float | str | Resumed]]", [])
+        q, got = self._queue, cast("list[tuple[str, UnitReport]]", [])
         while q is not None:
             try:
                 got.append(q.get_nowait())
@@ -387,7 +387,7 @@ class LocalExecutor:
     def submit(self, unit) -> cf.Future:
         return self._threads.submit(self._run, unit)
 
-    def poll_progress(self) -> list[tuple[str, float | str | Resumed]]:
+    def poll_progress(self) -> list[tuple[str, UnitReport]]:
         """(unit key, done fraction) of the units running, reported since the last call (bench.progress)."""
         return [r for s in self._all for r in s.poll()]
 

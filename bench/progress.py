@@ -62,6 +62,9 @@ class Resumed:
     fraction: float
 
 
+UnitReport = float | str | Resumed  # what a running unit reports: its done fraction, a set-up step, or a restored share
+
+
 def resumed(done: int, n: int) -> None:
     """Report that a tracked loop about to start (the unit's main loop, or one nested where the loops it runs in
     stand now) resumes after ``done`` of its ``n`` items: the unit's fraction at that point, as done before."""
@@ -71,7 +74,7 @@ def resumed(done: int, n: int) -> None:
 
 
 @contextlib.contextmanager
-def unit_progress(report: Callable[[float | str | Resumed], None] | None) -> Iterator[None]:
+def unit_progress(report: Callable[[UnitReport], None] | None) -> Iterator[None]:
     """Within: ``report(fraction)`` gets the done fraction (0..1) of the unit's ``progress(..., unit=True)``
     loops and the loops nested in them (bench.runner: the parent's cost-weighted bar follows it); a
     ``progress`` loop that runs before the main loop (a pre-training while the task is built, e.g. the VLM

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .progress import REPORT_S, Resumed, progress_bar
+from .progress import REPORT_S, Resumed, UnitReport, progress_bar
 
 
 class WorkBar:
@@ -49,7 +49,7 @@ class WorkBar:
             self.bar.total += seconds
             self.bar.refresh()
 
-    def advance(self, key: str, fraction: float | str | Resumed) -> None:
+    def advance(self, key: str, fraction: UnitReport) -> None:
         """A running unit reports it is ``fraction`` done: the bar moves by that share of its cost, never
         back and never beyond it (the rest lands when the unit finishes); a string is its set-up step; a
         :class:`Resumed` fraction was done before this run (on the bar, not in its rate)."""
@@ -60,7 +60,7 @@ class WorkBar:
             return
         self._show_running(key)
         before = isinstance(fraction, Resumed)
-        share = min(max(float(fraction.fraction if isinstance(fraction, Resumed) else fraction), 0.0), 1.0)
+        share = min(max(fraction.fraction if isinstance(fraction, Resumed) else float(fraction), 0.0), 1.0)
         if u is not None and share > self._shown.get(key, 0.0):
             self.move((share - self._shown.get(key, 0.0)) * u.cost, before=before)
             self._shown[key] = share
