@@ -103,6 +103,25 @@ def from_plain(saved: Any, fresh: Any, where: str = "state") -> Any:
     return saved
 
 
+def restored_share(path: Path) -> float:
+    """The share of its run the checkpoint at ``path`` holds, for a plan's estimate: ``next_round / rounds`` after a
+    round, ``(round + epoch / epochs) / rounds`` after an epoch of a central run (the totals saved with it); 0
+    when there is none, or one the run would not use (:meth:`Checkpoint.load` would delete it) or that predates
+    the saved totals. Read memory-mapped: planning never reads the state's tensors (vlm-caption's are ~100 MB)."""
+    try:
+        blob = torch.load(path, weights_only=True, mmap=True)
+        state = blob["state"] if blob.get("format") == FORMAT and blob.get("key") == path.stem else {}
+        if state.get("kind") == "round":
+            done = float(state["next_round"])
+        elif state.get("kind") == "epoch":
+            done = float(state["round"]) + float(state["epoch"]) / max(1, int(state["epochs"]))
+        else:
+            return 0.0
+        return min(max(done / max(1, int(state["rounds"])), 0.0), 1.0)
+    except Exception:  # noqa: BLE001 - none, unreadable or without totals: counted as a run from its first round
+        return 0.0
+
+
 def path_for(stem: Path) -> Path:
     """The checkpoint file of the run whose cache entry is ``stem`` (bench/cachefile.py): ``<stem>.ckpt``."""
     return stem.with_name(stem.name + ".ckpt")

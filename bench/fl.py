@@ -376,7 +376,13 @@ def run_federated(
             state = dict(global_state=global_state, global_buffers=global_buffers, privates=privates, latest=latest)
             state.update(transcript=transcript, bytes_down=bytes_down, logs=logs, run_state=run.state, kind="round")
             checkpoint.save(
-                {**state, "next_round": r + 1, "generator": gen.get_state(), "wall_s": before + time.time() - t0}
+                {
+                    **state,
+                    "next_round": r + 1,
+                    "rounds": fl.rounds,
+                    "generator": gen.get_state(),
+                    "wall_s": before + time.time() - t0,
+                }
             )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # process peak RSS
     load_state(model, global_state, global_buffers)

@@ -232,6 +232,11 @@ def reference_cached(
     return cachefile.verify(root / key, quarantine_dir=None if readonly else qdir)
 
 
+def reference_checkpoint(task: Task, defense: Defense, seed: int, r: int, cache_root: Path) -> Path:
+    """Reference run ``r``'s round checkpoint while it trains (bench/checkpoint.py), beside its cache entry."""
+    return path_for(_cache_dirs(Path(cache_root))[0] / reference_spec(task, defense, seed, r).key)
+
+
 def identities(task: Task, defense: Defense, seed: int, n: int, cache_root: Path) -> list[str] | None:
     """The first ``n`` reference runs' identities, which a reference-model record carries (``training.references``):
     each cached entry's tensor SHA-256, 16 hex digits, as ``bench.training.identity``; None when one is not cached.

@@ -48,6 +48,8 @@ class Plan:
     groups: dict[tuple, list] = field(default_factory=dict)  # applicable unfinished cells by group_key
     needs_training: set = field(default_factory=set)  # group keys whose training run is not cached
     resumable: int = 0  # of them, runs with a round or epoch checkpoint to resume from (bench/checkpoint.py)
+    resumable_refs: int = 0  # of the reference runs to train, those with a checkpoint to resume from
+    restored_s: float = 0.0  # of ``est_total_s``, the runs' shares their checkpoints hold (done before this run)
     trainings: int = 0  # distinct training runs the applicable unfinished cells use
     references: int = 0  # reference runs ([RMIA]) the applicable unfinished cells use
     needs_reference: dict[tuple, list[int]] = field(default_factory=dict)  # group key -> reference runs to train
@@ -96,7 +98,8 @@ class Plan:
 
     @property
     def est_wall_s(self) -> float:
-        return self.est_total_s / max(1, self.jobs) + self.prep_s
+        """The work left (checkpointed shares of runs out) over the workers, and the one-off preparations."""
+        return (self.est_total_s - self.restored_s) / max(1, self.jobs) + self.prep_s
 
     def render(self) -> str:
         src = (
@@ -109,7 +112,8 @@ class Plan:
         refs = (
             [
                 f"      reference runs: {self.references} used by the cells to run, {self.to_train_references} to "
-                f"train ({self.references - self.to_train_references} cached)"
+                f"train ({self.references - self.to_train_references} cached"
+                + (f", {self.resumable_refs} resume from a checkpoint)" if self.resumable_refs else ")")
             ]
             if self.references
             else []
@@ -153,7 +157,8 @@ class Plan:
                     else []
                 ),
                 f"      estimated time: {fmt_duration(self.est_wall_s)} with {self.jobs} job(s) "
-                f"({fmt_duration(self.est_total_s)} of work"
+                f"({fmt_duration(self.est_total_s - self.restored_s)} of work"
+                + (f" left, {fmt_duration(self.restored_s)} more done in checkpoints" if self.restored_s else "")
                 + (f" + {fmt_duration(self.prep_s)} of one-off preparations" if self.preparations else "")
                 + f"; {src})",
                 *([f"      work by phase: {by_phase(self.est_by_phase)}"] if self.est_by_phase else []),
@@ -293,7 +298,9 @@ class Done:
 
 
 def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_before: datetime | None = None) -> Plan:
-    from .training import checkpoint_path  # imported when planning (bench list stays light)
+    from .checkpoint import restored_share  # imported when planning (bench list stays light)
+    from .reference import reference_checkpoint
+    from .training import checkpoint_path
 
     f = model.factors
     span = (f"{f[0]:.2g}" if f[0] == f[-1] else f"{f[0]:.2g}-{f[-1]:.2g}") if f else ""
@@ -326,8 +333,11 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_befor
         readonly = getattr(store, "readonly", False)
         if not training_cached(c.task, c.defense, c.seed, store.out, readonly=readonly):
             pl.needs_training.add(key)
-            pl.add("training", model.train_cost(c.task, c.defense))  # a resumed run costs less: not estimated
-            pl.resumable += checkpoint_path(c.task, c.defense, c.seed, Path(store.out) / "cache").exists()
+            cost = model.train_cost(c.task, c.defense)
+            pl.add("training", cost)  # the unit's whole cost (the work bar shows a restored share as done before)
+            ckpt = checkpoint_path(c.task, c.defense, c.seed, Path(store.out) / "cache")
+            pl.resumable += ckpt.exists()
+            pl.restored_s += cost * restored_share(ckpt)
         try:
             todo = references_to_train(group, store.out, readonly=readonly)
         except ValueError as e:  # none scheduled: the group's reference-model cells will fail with this reason
@@ -336,7 +346,12 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_befor
         pl.references += todo[0]
         if todo[1]:
             pl.needs_reference[key] = todo[1]
-            pl.add("reference runs", len(todo[1]) * model.train_cost(c.task, c.defense))  # the target's recipe
+            cost = model.train_cost(c.task, c.defense)  # the target's recipe
+            pl.add("reference runs", len(todo[1]) * cost)
+            for r in todo[1]:
+                ckpt = reference_checkpoint(c.task, c.defense, c.seed, r, Path(store.out) / "cache")
+                pl.resumable_refs += ckpt.exists()
+                pl.restored_s += cost * restored_share(ckpt)
     from .preparations import pending
 
     pl.preparations = pending((c.task.id, c.task.preset) for group in pl.groups.values() for c in group)

@@ -89,7 +89,18 @@ def lora_loop(
         if ckpt is not None and ckpt.due(last=epoch + 1 == ctx.fl.local_epochs):
             mine = {"params": current(model, names), "opt": opt.state_dict(), "generator": ctx.generator.get_state()}
             loop = loop_state[0]() if loop_state is not None else None
-            ckpt.save({**where, **mine, "epoch": epoch + 1, "step": step, "loop": loop, "log": ctx.log})
+            ckpt.save(
+                {
+                    **where,
+                    **mine,
+                    "epoch": epoch + 1,
+                    "step": step,
+                    "rounds": ctx.fl.rounds,
+                    "epochs": ctx.fl.local_epochs,
+                    "loop": loop,
+                    "log": ctx.log,
+                }
+            )
     return Message(state.client, ctx.round, current(model, names), n_items(state.data), kind="weights")
 
 

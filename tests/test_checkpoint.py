@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from bench.checkpoint import ENV, Checkpoint, from_plain, interval, to_plain
+from bench.checkpoint import ENV, Checkpoint, from_plain, interval, restored_share, to_plain
 from bench.fl import ClientState, run_federated
 from bench.server_opt import Scaffold
 from bench.training import cache_stem, get_training
@@ -160,14 +160,16 @@ def test_the_plan_counts_the_training_runs_that_resume_from_a_checkpoint(tmp_pat
     task = next(t for t in SCENARIOS.get("image-cls")("smoke") if t.variant == "vit")
     path = checkpoint_path(task, build(FedSGD, {}, "defense"), 0, out / "cache")
     path.parent.mkdir(parents=True)
-    path.write_bytes(b"a checkpoint")
+    torch.save({"format": 1, "key": path.stem, "state": {"kind": "round", "next_round": 1, "rounds": 4}}, path)
+    saved = path.read_bytes()
     argv = ["run", "--scenario", "image-cls", "--defense", "fedsgd", "--attack", "april", "--preset", "smoke"]
     # act
     code = main([*argv, "--out", str(out), "--dry-run"])
-    # assert
+    # assert: a quarter of the training run is in the checkpoint, out of the work left
     text = capsys.readouterr().out
     assert code == 0 and "1 to train (0 cached, 1 resume from a checkpoint)" in text
-    assert path.read_bytes() == b"a checkpoint"  # a dry run reads, never deletes
+    assert "of work left, " in text and " more done in checkpoints" in text
+    assert path.read_bytes() == saved  # a dry run reads, never deletes
 
 
 def test_a_second_run_training_the_same_entry_waits_and_reads_the_first_ones(tmp_path, monkeypatch):
@@ -250,3 +252,16 @@ def test_a_resumed_run_reports_its_restored_rounds_as_done_before_this_run(tmp_p
     # assert: the restored third comes first, as done before; the live fractions follow it
     assert reports[0] == Resumed(1 / 3)
     assert all(isinstance(f, float) for f in reports[1:]) and reports[1:]
+
+
+def test_the_share_of_its_run_a_checkpoint_holds_is_read_for_the_plan(tmp_path):
+    # arrange: a run stopped after round 0 of 3; a damaged file; another run's checkpoint under this name
+    task = toy_task(rounds=3)
+    path, damaged, foreign = tmp_path / "k.ckpt", tmp_path / "d.ckpt", tmp_path / "f.ckpt"
+    with pytest.raises(Stop):
+        run_federated(task, FedAvg(), 3, checkpoint=StopAfterSave(path, "k", 0.0))
+    damaged.write_bytes(path.read_bytes()[:100])
+    foreign.write_bytes(path.read_bytes())
+    # act / assert: a third restored; the others would not be used by their run, so none
+    assert restored_share(path) == pytest.approx(1 / 3)
+    assert restored_share(damaged) == restored_share(foreign) == restored_share(tmp_path / "none.ckpt") == 0.0

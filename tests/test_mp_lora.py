@@ -235,13 +235,14 @@ def test_a_central_lora_run_moves_the_run_bar_within_its_one_round(monkeypatch):
 
 def test_a_resumed_central_run_reports_its_restored_epochs_as_done_before(tmp_path):
     # arrange: the run stopped after its first epoch's checkpoint
-    from bench.checkpoint import Checkpoint
+    from bench.checkpoint import Checkpoint, restored_share
     from bench.progress import Resumed, unit_progress
     from tests.test_checkpoint import Stop, StopAfterSave
 
-    path = tmp_path / "run.ckpt"
+    path = tmp_path / "k.ckpt"
     with pytest.raises(Stop), unit_progress(lambda f: None):
         central_lora_run(StopAfterSave(path, "k", 0.0))
+    assert restored_share(path) == pytest.approx(1 / 3)  # what a plan reads of it: one epoch of three, one round
     reports: list = []
     # act
     with unit_progress(reports.append):
