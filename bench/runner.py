@@ -36,7 +36,7 @@ from .units import (  # re-exported: the run's units, as callers and tests name 
     write_failed,
     write_na,
 )
-from .workbar import WorkBar
+from .workbar import WorkBar, unit_label
 
 __all__ = [
     "InlineExecutor",
@@ -209,11 +209,7 @@ def run(
             heapq.heappush(backlog, item)
 
     def launch(u: Unit, group: list[Cell]) -> None:
-        label = ""
-        if u.kind != "cell" and group:
-            what = "training" if u.kind == "train" else f"reference run {u.ref_index}"
-            label = f"{what} {group[0].defense_label} seed {u.seed}"
-        wb.start(u, label)
+        wb.start(u, unit_label(u, group))
         try:
             pending[executor.submit(ship(u))] = (u, group)
             running[u.affinity] += 1

@@ -10,6 +10,17 @@ from typing import Any
 from .progress import REPORT_S, Resumed, UnitReport, progress_bar
 
 
+def unit_label(unit: Any, group: list) -> str:
+    """What the postfix calls a running unit: a training or reference run by its defense and seed, an attack cell
+    by its defense, attack and view (before, cells had none: the postfix kept naming a finished reference run)."""
+    if not group:
+        return ""
+    if unit.kind == "cell":
+        return f"{group[0].defense_label} x {unit.attack.name}/{unit.view} seed {unit.seed}"
+    what = "training" if unit.kind == "train" else f"reference run {unit.ref_index}"
+    return f"{what} {group[0].defense_label} seed {unit.seed}"
+
+
 class WorkBar:
     """One run's bar and what it has shown: per running unit, the fraction of its cost already on the bar."""
 

@@ -824,3 +824,32 @@ def test_a_resumed_units_restored_share_is_on_the_bar_but_not_in_its_eta(monkeyp
     assert (shown["n"], shown["initial"]) == pytest.approx((150.0, 100.0))
     remaining = made[0].format_meter(**{**shown, "elapsed": 50.0, "bar_format": "{remaining_s}"})
     assert float(remaining) == pytest.approx(150.0)  # 150 s left at 1 s of work per second, not 50 s
+
+
+def test_the_postfix_names_the_running_cell_not_a_finished_reference_run(monkeypatch):
+    from types import SimpleNamespace
+
+    import bench.workbar
+    from bench.progress import progress_bar
+
+    monkeypatch.delenv("BENCH_QUIET", raising=False)  # a live tqdm bar keeps its postfix
+    made = []
+    monkeypatch.setattr(bench.workbar, "progress_bar", lambda **kw: made.append(progress_bar(**kw)) or made[-1])
+    group = [SimpleNamespace(defense_label="fedavg")]
+    ref = SimpleNamespace(key="r", cost=10.0, kind="reference", ref_index=3, seed=0)
+    cell = SimpleNamespace(
+        key="c", cost=10.0, kind="cell", attack=SimpleNamespace(name="rmia"), view="client_model", seed=0
+    )
+    wb = bench.workbar.WorkBar(20.0)
+    wb.start(ref, bench.workbar.unit_label(ref, group))
+    wb.advance("r", 0.5)
+    named_ref = made[0].postfix
+    # act: the reference run ends, its cell starts and reports
+    wb.finish(ref)
+    wb.start(cell, bench.workbar.unit_label(cell, group))
+    wb.advance("c", 0.1)
+    # assert
+    named_cell = made[0].postfix
+    wb.close()
+    assert "reference run 3 fedavg seed 0" in named_ref
+    assert "fedavg x rmia/client_model seed 0" in named_cell and "reference run" not in named_cell
