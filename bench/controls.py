@@ -133,9 +133,15 @@ def positive_controls(records: Iterable[dict]) -> list[Control]:
             attack = max(scored, key=lambda a: (scored[a][0], a))
             auroc = scored[attack][0]
             head = dict(task=task, preset=preset, view=view, baseline=baseline, attack=attack, auroc=auroc)
+            # attacks may have run on different seeds (e.g. a costly one on fewer): say how many the judged one had
+            seeds = f"{len({r.get('seed') for r in cells[attack]})} seed(s)"
             if auroc < AUROC_MIN:
                 out.append(
-                    Control(**head, passed=False, reason=f"strongest attack {attack} AUROC {auroc:.3f} < {AUROC_MIN}")
+                    Control(
+                        **head,
+                        passed=False,
+                        reason=f"strongest attack {attack} AUROC {auroc:.3f} < {AUROC_MIN} ({seeds})",
+                    )
                 )
                 continue
             b = [r for r in base if r["attack_label"] == attack]
@@ -149,7 +155,7 @@ def positive_controls(records: Iterable[dict]) -> list[Control]:
             passed = lo >= GAP_MIN
             reason = (
                 f"{attack} AUROC {auroc:.3f}; minus the base model's on the same candidates {g:+.3f}, "
-                f"interval lower end {_near(lo, GAP_MIN)} {'>=' if passed else '<'} {GAP_MIN} ({how})"
+                f"interval lower end {_near(lo, GAP_MIN)} {'>=' if passed else '<'} {GAP_MIN} ({how}, {seeds})"
             )
             out.append(Control(**head, passed=passed, reason=reason, gap=g, gap_lo=lo, paired=paired))
     return out

@@ -228,6 +228,7 @@ def test_positive_control_passes_when_the_baseline_leaks_clearly_above_the_base_
 
     assert [(c.view, c.passed, c.attack) for c in out] == [("client_model", True, "mia"), ("global_model", True, "mia")]
     assert all(c.paired and c.gap_lo >= controls.GAP_MIN for c in out)
+    assert all(c.reason.endswith("(paired, 1 seed(s))") for c in out)  # the judged attack's seeds are named
     assert controls.failures(_task(2.5, 0.0)) == []
 
 
@@ -235,7 +236,7 @@ def test_positive_control_fails_by_auroc():
     out = controls.positive_controls(_task(0.5, 0.0))
 
     assert not any(c.passed for c in out)
-    assert all("< 0.75" in c.reason for c in out)
+    assert all("< 0.75 (1 seed(s))" in c.reason for c in out)
 
 
 def test_positive_control_fails_by_the_gap_over_the_base_model():
