@@ -418,7 +418,8 @@ def membership_observation(
         api=task.api,
         public=public,
         seed=seed,
-        signals=group_cache((task.id, repr(defense), seed)),  # shared per-candidate signals
+        # shared per-candidate signals; spilled beside the training cache, so a killed cell resumes from its passes
+        signals=group_cache((task.id, repr(defense), seed), None if cache_root is None else cache_root / "signals"),
         reference=reference,
         base_model=base if getattr(attack, "uses_base", False) else None,
     )

@@ -1,24 +1,35 @@
-"""In-memory cache of per-(model, candidate) membership signals, shared by the attacks of one cell group.
+"""Cache of per-(model, candidate) membership signals, shared by the attacks of one cell group.
 
 Score-based attacks of the same (task, defense, seed) score the same candidates with the same model:
 the loss attack's threshold and proxy methods, the grid variants of MaxRényi, the base-model shift check
 in every view. The first computes the per-token statistics (or losses, or per-sample gradient norms) and
 the others reuse them. Keys are content hashes, never object identities: the model's key hashes its state
 (every parameter and buffer), a candidate's key its tensors / values, so a changed model or item is never
-served a stale signal. Only reductions are kept (per-token statistics, not logits), and only
-in memory: :func:`group_cache` keeps the current group's cache and drops it when the next group starts.
+served a stale signal. Only reductions are kept (per-token statistics, not logits). In memory:
+:func:`group_cache` keeps the current group's cache and drops it when the next group starts. On disk (with a
+``spill`` folder, the harness's ``<cache>/signals``): every signal that is one CPU tensor (losses, gradient
+norms) is also written as a checksummed safetensors entry (bench/cachefile.py, no pickle), so a cell killed
+part-way ([RMIA]'s client cell on vlm-caption scores ~40 model passes in ~1 h) resumes from its finished
+passes, and another worker or node sharing ``--out`` reads them instead of recomputing.
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 import weakref
 import zlib
+from pathlib import Path
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+from . import cachefile
+
+# bump when a signal's computation changes (bench/loss_signals.py): entries spilled before are then never read
+SPILL_VERSION = 1
 
 
 def _feed(h: Any, obj: Any) -> None:  # h: a hashlib hash
@@ -76,22 +87,25 @@ def model_fingerprint(model: nn.Module) -> str:
 
 
 class SignalCache:
-    """Signal results by (signal kind, model state hash, the candidates' hashes in order), in memory.
+    """Signal results by (signal kind, model state hash, the candidates' hashes in order): in memory, and with a
+    ``spill`` folder on disk too (one CPU tensor results only; see the module docstring).
 
     A whole call is the unit (not a single candidate): a batched forward pass can differ in the last bits
     with the batch's composition (padding, GEMM blocking) and seeded randomness (diffusion noise) is drawn
     per call, so a hit returns exactly what recomputing would, and records are the same whether or not
-    cells share a process (``--jobs``). ``kind`` names the signal and every setting it depends on (orders,
-    timesteps, batch size, seed). The model hash is memoised per model object as long as the model is not
-    modified in place (the harness never does; :meth:`forget_model` drops the memo). Results are shared
-    between callers: treat them as read-only."""
+    cells share a process (``--jobs``) or a spilled entry is read. ``kind`` names the signal and every setting
+    it depends on (orders, timesteps, batch size, seed). The model hash is memoised per model object as long as
+    the model is not modified in place (the harness never does; :meth:`forget_model` drops the memo). Results
+    are shared between callers: treat them as read-only."""
 
-    def __init__(self) -> None:
+    def __init__(self, spill: Path | None = None) -> None:
         self._results: dict[tuple[Hashable, str, tuple[str, ...]], Any] = {}
         self._models: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+        self.spill = spill
         self.hits = 0
         self.misses = 0
         self.uncached = 0
+        self.loaded = 0  # hits read from the spill folder (counted in ``hits`` too)
 
     def __len__(self) -> int:
         return len(self._results)
@@ -119,10 +133,52 @@ class SignalCache:
             self.hits += 1
             TOTALS["reused"] += 1
             return self._results[key]
+        if (on_disk := self._load(key)) is not None:
+            self.hits += 1
+            self.loaded += 1
+            TOTALS["reused"] += 1
+            self._results[key] = on_disk
+            return on_disk
         self.misses += 1
         TOTALS["computed"] += 1
         out = self._results[key] = compute()
+        self._save(key, out)
         return out
+
+    def _stem(self, key: tuple[Hashable, str, tuple[str, ...]]) -> Path | None:
+        if self.spill is None:
+            return None
+        kind, model_key, fps = key
+        h = hashlib.blake2b(f"{SPILL_VERSION}|{kind!r}|{model_key}|{','.join(fps)}".encode(), digest_size=16)
+        name = h.hexdigest()
+        return self.spill / name[:2] / name
+
+    def _load(self, key: tuple[Hashable, str, tuple[str, ...]]) -> Tensor | None:
+        """The spilled tensor of ``key``, or None (none, or damaged: quarantined beside the cache, recomputed)."""
+        stem = self._stem(key)
+        if stem is None or self.spill is None:
+            return None
+        quarantine_dir = self.spill.parent.parent / "quarantine" / self.spill.parent.name / self.spill.name
+
+        def decode(tensors: dict[str, Tensor], meta: dict[str, Any]) -> Tensor:
+            t = tensors["signal"]
+            if meta.get("version") != SPILL_VERSION or meta.get("n") != len(key[2]) or t.shape[:1] != (len(key[2]),):
+                raise ValueError(f"a spilled signal of another layout: {meta}, shape {tuple(t.shape)}")
+            return t
+
+        return cachefile.load(stem, decode, quarantine_dir=quarantine_dir)
+
+    def _save(self, key: tuple[Hashable, str, tuple[str, ...]], out: Any) -> None:
+        """Spill a one-CPU-tensor result (one per candidate along dim 0); a failed write warns and costs only a
+        recomputation later."""
+        stem = self._stem(key)
+        if stem is None or not isinstance(out, Tensor) or out.device.type != "cpu" or out.shape[:1] != (len(key[2]),):
+            return
+        meta = {"version": SPILL_VERSION, "kind": repr(key[0]), "model": key[1], "n": len(key[2])}
+        try:
+            cachefile.save(stem, {"signal": out.detach().contiguous()}, meta)
+        except (OSError, ValueError, TypeError) as e:
+            print(f"warning: signal not spilled to {stem}: {type(e).__name__}: {e}", file=sys.stderr)  # noqa: T201
 
 
 def cached(
@@ -138,9 +194,9 @@ _CURRENT: dict[str, Any] = {"group": None, "cache": None}
 TOTALS = {"reused": 0, "computed": 0}
 
 
-def group_cache(group: Hashable) -> SignalCache:
-    """The cache of cell group ``group`` (e.g. (task id, defense config, seed)): the same object while
-    consecutive cells belong to the group; a new empty one (the old one dropped) when the group changes."""
-    if _CURRENT["group"] != group or _CURRENT["cache"] is None:
-        _CURRENT["group"], _CURRENT["cache"] = group, SignalCache()
+def group_cache(group: Hashable, spill: Path | None = None) -> SignalCache:
+    """The cache of cell group ``group`` (e.g. (task id, defense config, seed)) spilling to ``spill``: the same
+    object while consecutive cells belong to the group; a new empty one (the old one dropped) when it changes."""
+    if _CURRENT["group"] != (group, spill) or _CURRENT["cache"] is None:
+        _CURRENT["group"], _CURRENT["cache"] = (group, spill), SignalCache(spill)
     return _CURRENT["cache"]

@@ -380,28 +380,23 @@ def test_a_planted_pickle_as_the_hub_weights_of_the_image_models_does_not_run(tm
     assert not marker.exists()
 
 
-def test_the_signal_cache_is_in_memory_only(tmp_path, monkeypatch):
-    """Nothing to plant: the per-group signal cache never reads or writes a file."""
-    import ast
-    import inspect
-
+def test_a_planted_pickle_as_a_spilled_signal_does_not_run(tmp_path):
+    """The signal cache spills through bench/cachefile.py (safetensors, checksummed): a payload planted in place of
+    an entry, with a matching checksum, is refused and quarantined, and the signal recomputed."""
     from bench import signal_cache
 
-    monkeypatch.setenv("BENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    cache, model = signal_cache.group_cache(("planted", 0)), torch.nn.Linear(2, 1)
-    items = [(torch.ones(2), 0), (torch.zeros(2), 1)]
+    spill = tmp_path / "cache" / "signals"
+    model, items = torch.nn.Linear(2, 1), [(torch.ones(2), 0), (torch.zeros(2), 1)]
+    signal_cache.SignalCache(spill).get("loss", model, items, lambda: torch.arange(2.0))
+    (head,) = spill.rglob("*.json")
+    marker = tmp_path / "PWNED"
+    planted = plant(head.with_suffix(""), pickle.dumps(Payload(marker)))
 
-    first = cache.get("loss", model, items, lambda: torch.arange(2.0))
-    again = cache.get("loss", model, items, lambda: pytest.fail("recomputed a cached signal"))
+    cache = signal_cache.SignalCache(spill)
+    again = cache.get("loss", model, items, lambda: torch.arange(2.0) + 1)
 
-    assert torch.equal(first, again) and not list(tmp_path.iterdir())
-    calls = {
-        n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
-        for n in ast.walk(ast.parse(inspect.getsource(signal_cache)))
-        if isinstance(n, ast.Call)
-    }
-    assert not calls & {"open", "load", "loads", "save", "read_bytes", "write_bytes", "read_text", "write_text"}
+    assert not marker.exists() and torch.equal(again, torch.arange(2.0) + 1) and cache.loaded == 0
+    assert (tmp_path / "quarantine" / "cache" / "signals" / planted.name).exists()
 
 
 # every deserialiser that can run code, and what makes each call safe

@@ -629,3 +629,24 @@ def test_a_running_rmia_cell_reports_a_fraction_that_only_grows(trained, tmp_pat
     assert not [r for r in reports if isinstance(r, str)]
     assert len(fractions) >= 2 + 2 * 2 + 2 and fractions == sorted(fractions) and 0.0 <= max(fractions) < 1.0
     assert max(fractions) > 0.9  # the last pass of the last part is reported, not only the first ones
+
+
+def test_a_cell_run_again_reads_its_spilled_model_passes_instead_of_recomputing(trained, tmp_path, monkeypatch):
+    """A killed RMIA cell resumes from the model passes it finished: they are spilled under <cache>/signals."""
+    from bench import signal_cache
+
+    task, defense, train = trained
+    first = run_membership(task, defense, RMIA(), "global_model", train, 0, cache_root=tmp_path)
+    spilled = sorted((tmp_path / "signals").rglob("*.json"))
+    spilled[0].unlink()  # the pass a kill interrupted
+    monkeypatch.setitem(signal_cache._CURRENT, "cache", None)  # a new process: nothing in memory
+    before = dict(signal_cache.TOTALS)
+
+    again = run_membership(task, defense, RMIA(), "global_model", train, 0, cache_root=tmp_path)
+
+    # the target's and the 2 reference models' (smoke's R) passes over candidates, z samples and tuning data
+    assert len(spilled) > 3
+    assert signal_cache.TOTALS["computed"] - before["computed"] == 1  # only the missing pass
+    assert signal_cache.TOTALS["reused"] - before["reused"] >= len(spilled) - 1
+    assert again["per_candidate"]["score"] == first["per_candidate"]["score"]
+    assert again["metrics"] == first["metrics"]

@@ -160,3 +160,42 @@ def test_length_sorted_batches_by_length_and_gives_the_way_back():
     results = torch.tensor([float(len(x)) for x in ordered])
     assert results[back].tolist() == [3.0, 1.0, 2.0, 4.0, 1.0]
     assert length_sorted(lm_api(), items) == (items, None)  # no length: batched as given
+
+
+def test_a_spilled_signal_is_read_back_by_a_fresh_cache_without_computing(tmp_path):
+    model, items = nn.Linear(2, 1), [(torch.ones(2), 0), (torch.zeros(2), 1), (torch.full((2,), 3.0), 0)]
+    first_cache = SignalCache(tmp_path / "signals")
+    first = first_cache.get(("losses", (), 8, 0), model, items, lambda: torch.arange(3.0, dtype=torch.float64))
+
+    again_cache = SignalCache(tmp_path / "signals")  # another process, or the same cell after a kill
+    again = again_cache.get(("losses", (), 8, 0), model, items, lambda: pytest.fail("recomputed a spilled signal"))
+    other = again_cache.get(("losses", (), 8, 1), model, items, lambda: torch.zeros(3, dtype=torch.float64))
+
+    assert torch.equal(first, again) and again.dtype == torch.float64
+    assert (again_cache.hits, again_cache.loaded, again_cache.misses) == (1, 1, 1)
+    assert not torch.equal(other, first)  # another seed is another entry
+    assert len(list((tmp_path / "signals").rglob("*.json"))) == 2
+
+
+def test_only_one_cpu_tensor_per_candidate_is_spilled(tmp_path):
+    model, items = nn.Linear(2, 1), [1, 2]
+    cache = SignalCache(tmp_path / "signals")
+    cache.get("dict", model, items, lambda: {"a": torch.zeros(2)})  # structured results stay in memory
+    cache.get("scalar", model, items, lambda: torch.tensor(1.0))  # not one value per candidate
+    cache.get("loss", model, items, lambda: torch.zeros(2))
+
+    assert len(list((tmp_path / "signals").rglob("*.json"))) == 1
+    assert not list(tmp_path.glob("quarantine"))
+
+
+def test_a_damaged_spilled_signal_is_quarantined_and_recomputed(tmp_path):
+    model, items = nn.Linear(2, 1), [1, 2]
+    SignalCache(tmp_path / "cache" / "signals").get("loss", model, items, lambda: torch.zeros(2))
+    (tensor_file,) = (tmp_path / "cache" / "signals").rglob("*.safetensors")
+    tensor_file.write_bytes(tensor_file.read_bytes()[:-3])  # a torn write
+
+    cache = SignalCache(tmp_path / "cache" / "signals")
+    got = cache.get("loss", model, items, lambda: torch.ones(2))
+
+    assert torch.equal(got, torch.ones(2)) and (cache.loaded, cache.misses) == (0, 1)
+    assert list((tmp_path / "quarantine").rglob("*.json"))  # kept for inspection, with the reason
