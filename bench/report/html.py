@@ -140,6 +140,10 @@ def page(sections: list[dict], claims: list[dict]) -> str:
         if len(s["matrix"]):
             body.append("<h3>Cross-matrix: defenses x attacks</h3>")
             body.append(frame_html(s["matrix"].fillna(""), table_id=f"matrix-{sc}"))
+        if s.get("coverage"):
+            body.append(
+                f'<p class="legend">Coverage of the default grid: {esc(s["coverage"])} ({esc(sc)}_coverage.csv).</p>'
+            )
         shift = shift_check(table, meta)
         if shift:
             body.append("<h3>Distribution-shift check (un-fine-tuned base model)</h3><ul>")

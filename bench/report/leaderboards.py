@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..store import atomic_write_bytes
-from . import audit, claims, html, plots, reported, strength, table4
+from . import audit, claims, coverage, html, plots, reported, strength, table4
 from .markdown import index_markdown, scenario_markdown
 from .results import Results
 from .tables import cells_table, matrix_table, scenario_table, to_csv_bytes
@@ -84,7 +84,16 @@ def write_leaderboards(out: Path, dest: Path | None = None, *, notices: list[str
         s_claims = [c for c in claim_rows if c["scenario"] == scenario]
         s_rvm = rvm[rvm.scenario == scenario] if len(rvm) else rvm
         smd = strength.markdown(strong, scenario)
-        md = scenario_markdown(res, scenario, table, meta, matrix, s_claims, s_rvm, plot_files, strength_md=smd)
+        # what the page covers: the default grid's applicable cells and their recorded seeds, "not run" included
+        presets = sorted({r["preset"] for r in res.records if r["scenario"] == scenario})
+        planned = {p: coverage.planned_cells(scenario, p) for p in presets}
+        cov = coverage.coverage_table(res, scenario, planned)
+        atomic_write_bytes(dest / f"{scenario}_coverage.csv", to_csv_bytes(cov))
+        written.append(dest / f"{scenario}_coverage.csv")
+        cmd = coverage.markdown(cov, scenario, [p for p, c in planned.items() if c is None])
+        md = scenario_markdown(
+            res, scenario, table, meta, matrix, s_claims, s_rvm, plot_files, strength_md=smd, coverage_md=cmd
+        )
         if scenario == table4.SCENARIO and t4 is not None:
             md += "\n## papers/000 Table 4 and Table 1, measured beside reported\n\n" + table4.markdown(t4)
         atomic_write_bytes(dest / f"{scenario}.md", md.encode())
@@ -99,6 +108,7 @@ def write_leaderboards(out: Path, dest: Path | None = None, *, notices: list[str
                 "reported": s_rvm,
                 "plots": plot_files,
                 "strength": strong,
+                "coverage": coverage.summary(cov),
                 "res": res,
             }
         )

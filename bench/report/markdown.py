@@ -312,9 +312,10 @@ def scenario_markdown(
     plots: list[str],
     *,
     strength_md: str = "",
+    coverage_md: list[str] | None = None,
 ) -> str:
     """The scenario page; ``strength_md``: the attack-strength section (``bench.report.strength``), after the
-    distribution-shift check."""
+    distribution-shift check; ``coverage_md``: the coverage section (``bench.report.coverage``), after the matrix."""
 
     presets = ", ".join(sorted(set(table.preset))) if len(table) else ""
     n = sum(r["scenario"] == scenario for r in res.records)
@@ -349,6 +350,7 @@ def scenario_markdown(
             _frame_md(short.drop(columns=["preset"] if one_preset else [])),
             "",
         ]
+    parts += coverage_md or []
     shift = shift_check(table, meta)
     if shift:
         parts += ["## Distribution-shift check (attacks on the un-fine-tuned base model)", ""] + shift + [""]
@@ -419,6 +421,7 @@ def index_markdown(res: Results, sections: list[dict]) -> str:
         parts.append(
             f"- [{md_escape(s['scenario'])}]({s['scenario']}.md): {len(s['table'])} defense rows, "
             f"{len(s['meta'])} attack columns"
+            + (f"; coverage: {s['coverage']}" if s.get("coverage") else "")
             + (
                 f"; [attack strength]({s['scenario']}_attack_strength.csv) (RMIA vs the best single-signal attack "
                 f"on the undefended baseline: {', '.join(f'{n} {v}' for v, n in _counts(strong.verdict))})"
