@@ -73,6 +73,21 @@ def resumed(done: int, n: int) -> None:
             _UNIT["report"](Resumed(unit_fraction()))
 
 
+def restored_step() -> None:
+    """Report that the step the innermost tracked loop (or stage) stands at was restored rather than run (a model
+    pass read back from ``cache/signals``, bench.signal_cache): its share is done before this run, on the bar and
+    out of its rate, so a cell resumed after a kill does not show an ETA from its instant passes."""
+    stack = _UNIT["stack"]
+    if _UNIT["report"] is None or not stack:
+        return
+    frame = stack[-1]
+    frame[0] += 1
+    try:
+        _UNIT["report"](Resumed(unit_fraction()))
+    finally:
+        frame[0] -= 1
+
+
 @contextlib.contextmanager
 def unit_progress(report: Callable[[UnitReport], None] | None) -> Iterator[None]:
     """Within: ``report(fraction)`` gets the done fraction (0..1) of the unit's ``progress(..., unit=True)``

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from . import cachefile
+from .progress import restored_step
 
 # bump when a signal's computation changes (bench/loss_signals.py): entries spilled before are then never read
 SPILL_VERSION = 1
@@ -138,6 +139,7 @@ class SignalCache:
             self.loaded += 1
             TOTALS["reused"] += 1
             self._results[key] = on_disk
+            restored_step()  # done before this run: on the run's bar, out of its rate
             return on_disk
         self.misses += 1
         TOTALS["computed"] += 1

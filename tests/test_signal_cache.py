@@ -199,3 +199,20 @@ def test_a_damaged_spilled_signal_is_quarantined_and_recomputed(tmp_path):
 
     assert torch.equal(got, torch.ones(2)) and (cache.loaded, cache.misses) == (0, 1)
     assert list((tmp_path / "quarantine").rglob("*.json"))  # kept for inspection, with the reason
+
+
+def test_a_pass_read_back_from_disk_is_reported_as_done_before_this_run(tmp_path):
+    """A resumed cell's spilled passes land on the run's bar as restored work (bench.progress.Resumed), not as work
+    done at once in this run, so its ETA comes from the passes it computes."""
+    from bench.progress import Resumed, progress, unit_progress
+
+    model, items = nn.Linear(2, 1), [1, 2]
+    SignalCache(tmp_path).get("pass 1", model, items, lambda: torch.zeros(2))  # spilled by the killed run
+    cache, reports = SignalCache(tmp_path), []
+
+    with unit_progress(reports.append):
+        for i in progress(range(4), unit=True):
+            cache.get(f"pass {i}", model, items, lambda: torch.ones(2))
+
+    assert [r for r in reports if isinstance(r, Resumed)] == [Resumed(0.5)]  # pass 1 of 4 done: half the unit
+    assert cache.loaded == 1 and cache.misses == 3
