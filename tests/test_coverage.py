@@ -21,16 +21,17 @@ def test_each_applicable_cell_shows_its_seeds_and_the_unrun_ones_are_listed():
     cov = coverage.coverage_table(res, "sc", {"smoke": {A, B, C}})
     md = "\n".join(coverage.markdown(cov, "sc", []))
 
-    got = {(r.defense, r.view): (r.seeds, r.coverage) for r in cov.itertuples()}
+    got = {(r.defense, r.view): (r.in_grid, r.seeds, r.coverage) for r in cov.itertuples()}
     assert got == {
-        ("fedavg", "global_model"): ("0,1,2", "covered"),
-        ("dp", "global_model"): ("0", "fewer seeds"),  # the n/a record of seed 1 is no measurement
-        ("dp", "client_model"): ("", "not run"),
-        ("extra", "global_model"): ("0", "fewer seeds"),
+        ("fedavg", "global_model"): (True, "0,1,2", "covered"),
+        ("dp", "global_model"): (True, "0", "fewer seeds"),  # the n/a record of seed 1 is no measurement
+        ("dp", "client_model"): (True, "", "not run"),
+        ("extra", "global_model"): (False, "0", "fewer seeds"),
     }
-    assert coverage.summary(cov) == "3 of 4 cells measured, 1 at >= 3 seeds"
-    assert "| sc/a | dp | 1 of 2 | 0 | 0 | mia (client) |" in md
-    assert "| sc/a | fedavg | 1 of 1 | 1 | 0,1,2 | - |" in md
+    assert coverage.summary(cov) == "2 of 3 cells measured, 1 at >= 3 seeds (and 1 recorded outside the default grid)"
+    assert "| sc/a | dp | 1 of 2 | 0 | 0 | mia (client) | 0 |" in md
+    assert "| sc/a | fedavg | 1 of 1 | 1 | 0,1,2 | - | 0 |" in md
+    assert "| sc/a | extra | 0 of 0 | 0 | 0 | - | 1 |" in md
 
 
 def test_a_preset_without_static_declarations_is_said_to_be_unplanned():
@@ -39,7 +40,8 @@ def test_a_preset_without_static_declarations_is_said_to_be_unplanned():
     cov = coverage.coverage_table(res, "sc", {"smoke": None})
     md = "\n".join(coverage.markdown(cov, "sc", ["smoke"]))
 
-    assert list(cov.coverage) == ["fewer seeds"]
+    assert list(cov.coverage) == ["fewer seeds"] and list(cov.in_grid) == [None]
+    assert coverage.summary(cov) == "1 of 1 cells measured, 0 at >= 3 seeds"
     assert "Not planned here (no static task declarations): preset smoke" in md
 
 

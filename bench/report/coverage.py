@@ -20,7 +20,9 @@ from .results import VIEW_SHORT, Results
 
 FULL_SEEDS = 3  # seeds a cell needs to count as covered ([issue 11]: the default snapshot has >= 3 seeds)
 Key = tuple[str, str, str, str]  # (task, defense label, attack label, view)
-COLUMNS = ["preset", "task", "defense", "attack", "view", "seeds", "n_seeds", "coverage"]
+# in_grid: the default grid applies the cell (False: a recorded configuration outside it, e.g. a FedSGD form or an
+# attack variant; None: the preset was not planned)
+COLUMNS = ["preset", "task", "defense", "attack", "view", "in_grid", "seeds", "n_seeds", "coverage"]
 
 
 def planned_cells(scenario: str, preset: str) -> set[Key] | None:
@@ -41,8 +43,8 @@ def planned_cells(scenario: str, preset: str) -> set[Key] | None:
 
 
 def coverage_table(res: Results, scenario: str, planned: dict[str, set[Key] | None]) -> pd.DataFrame:
-    """One row per applicable cell (``planned`` per preset) and per recorded one: its seeds with an ok or failed
-    record, and ``covered`` (>= FULL_SEEDS seeds), ``fewer seeds`` or ``not run``."""
+    """One row per applicable cell (``planned`` per preset) and per recorded one: whether the grid applies it, its
+    seeds with an ok or failed record, and ``covered`` (>= FULL_SEEDS seeds), ``fewer seeds`` or ``not run``."""
     seeds: dict[tuple[str, Key], set[int]] = defaultdict(set)
     for r in res.records:
         if r["scenario"] == scenario and r["status"] in ("ok", "failed"):
@@ -53,17 +55,22 @@ def coverage_table(res: Results, scenario: str, planned: dict[str, set[Key] | No
     for preset, (task, defense, attack, view) in sorted(keys):
         got = sorted(seeds.get((preset, (task, defense, attack, view)), ()))
         status = "not run" if not got else "covered" if len(got) >= FULL_SEEDS else "fewer seeds"
-        rows.append([preset, task, defense, attack, view, ",".join(map(str, got)), len(got), status])
+        cells = planned.get(preset)
+        in_grid = None if cells is None else (task, defense, attack, view) in cells
+        rows.append([preset, task, defense, attack, view, in_grid, ",".join(map(str, got)), len(got), status])
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def summary(cov: pd.DataFrame) -> str:
-    """One line: applicable cells, measured, covered at >= FULL_SEEDS seeds."""
-    if not len(cov):
-        return "no applicable cell planned"
-    run = int((cov.n_seeds > 0).sum())
-    full = int((cov.coverage == "covered").sum())
-    return f"{run} of {len(cov)} cells measured, {full} at >= {FULL_SEEDS} seeds"
+    """One line: the grid's applicable cells, measured, covered at >= FULL_SEEDS seeds; recorded cells outside it."""
+    grid = cov[[v is not False for v in cov.in_grid]]  # None (the preset not planned) counts with the grid
+    extra = len(cov) - len(grid)
+    outside = f" (and {extra} recorded outside the default grid)" if extra else ""
+    if not len(grid):
+        return "no applicable cell planned" + outside
+    run = int((grid.n_seeds > 0).sum())
+    full = int((grid.coverage == "covered").sum())
+    return f"{run} of {len(grid)} cells measured, {full} at >= {FULL_SEEDS} seeds{outside}"
 
 
 def markdown(cov: pd.DataFrame, scenario: str, unplanned: list[str]) -> list[str]:
@@ -82,14 +89,19 @@ def markdown(cov: pd.DataFrame, scenario: str, unplanned: list[str]) -> list[str
         return out
     rows = []
     for (_, task, defense), g in cov.groupby(["preset", "task", "defense"], sort=True):
+        grid = g[[v is not False for v in g.in_grid]]
         gaps = "; ".join(
             f"{md_escape(attack)} ({', '.join(sorted(VIEW_SHORT.get(v, v) for v in m.view))})"
-            for attack, m in g[g.n_seeds == 0].groupby("attack", sort=True)
+            for attack, m in grid[grid.n_seeds == 0].groupby("attack", sort=True)
         )
         seeds = sorted({int(s) for x in g.seeds if x for s in x.split(",")})
         rows.append(
-            f"| {md_escape(task)} | {md_escape(defense)} | {int((g.n_seeds > 0).sum())} of {len(g)} | "
-            f"{int((g.coverage == 'covered').sum())} | {','.join(map(str, seeds)) or '-'} | {gaps or '-'} |"
+            f"| {md_escape(task)} | {md_escape(defense)} | {int((grid.n_seeds > 0).sum())} of {len(grid)} | "
+            f"{int((grid.coverage == 'covered').sum())} | {','.join(map(str, seeds)) or '-'} | {gaps or '-'} | "
+            f"{len(g) - len(grid)} |"
         )
-    head = f"| task | defense | cells measured | at >= {FULL_SEEDS} seeds | seeds | not run |"
-    return out + [head, "|---|---|---|---|---|---|", *rows, ""]
+    head = (
+        f"| task | defense | grid cells measured | at >= {FULL_SEEDS} seeds | seeds | not run "
+        f"| recorded outside the grid |"
+    )
+    return out + [head, "|---|---|---|---|---|---|---|", *rows, ""]
