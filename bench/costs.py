@@ -52,7 +52,8 @@ class CostModel:
     vlm-caption) to that base-model cell's measured cost times the ratio; then to the preset's defaults. A cell
     whose record says it computed no signal (``cost.signals_computed`` 0: an earlier cell of its group had computed
     them all, e.g. ``rmia(a=0.3)`` after ``rmia``) is learned apart (``follower_s``): its cost is its scoring alone,
-    and it does not lower the medians of cells that compute."""
+    and it does not lower the medians of cells that compute. A cell that resumed part-way (``cost.signals_loaded``:
+    passes read back from ``cache/signals``, and some computed) is not learned from: its time is partial."""
 
     train_s: dict[tuple[str, str], float] = field(default_factory=dict)  # (task, defense label)
     # (task, defense label) -> [(preset, config hash, seconds, rounds trained)]: each training run, so a run of the
@@ -96,6 +97,8 @@ class CostModel:
                         by_name[("train", task, r["defense"])].append(f * float(t))
                     if isinstance(a := cost.get("attack_wall_s"), (int, float)):
                         label = r.get("attack_label") or r["attack"]
+                        if (cost.get("signals_loaded") or 0) > 0 and (cost.get("signals_computed") or 0) > 0:
+                            continue  # resumed part-way (passes read back from cache/signals): a partial cost
                         if cost.get("signals_computed") == 0 and (cost.get("signals_reused") or 0) > 0:
                             follower[(task, label, view, base)].append(f * float(a))
                             follower[("cell", task, r["attack"], view, base)].append(f * float(a))

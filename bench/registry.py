@@ -94,6 +94,11 @@ class Registry(Generic[T]):
         """Every registered key, without importing the methods."""
         return sorted(set(self._items) | set(self._modules()) | set(self._entry_points()))
 
+    def installed_names(self) -> list[str]:
+        """The keys of the installed code (the package's modules and entry points), without those registered at run
+        time (a contributed file given by path, a test's toy): what a leaderboard's coverage is planned over."""
+        return sorted(set(self._modules()) | set(self._entry_points()))
+
     def get(self, key: str) -> T:
         if key.endswith(".py") or "/" in key:
             self.load()  # a contributed file must not collide with any built-in name

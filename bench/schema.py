@@ -36,7 +36,9 @@ SCHEMA_VERSION = 1
 # Revision 9: ``provenance.machine.isa`` (the instruction set torch's CPU kernels dispatch to, bench.machine.cpu_isa).
 # Revision 10: ``cost.preparation_s`` (a cell's seconds in shared cache builds or waits, bench.cachefile.locked_s,
 # left out of its ``attack_wall_s``).
-SCHEMA_REVISION = 10
+# Revision 11: membership ``cost.signals_loaded`` (those of ``signals_reused`` read back from ``cache/signals``, e.g.
+# by a cell resumed after a kill: its ``attack_wall_s`` covers only the passes it computed, bench.costs).
+SCHEMA_REVISION = 11
 STATUSES = ("ok", "n/a", "failed")
 VIEWS = ("global_model", "client_model", "client_update", "released_model")
 
@@ -116,6 +118,7 @@ class Cost(_Open):
     signals_reused: Annotated[int, Field(strict=True, ge=0)] | None = None  # revision 8
     signals_computed: Annotated[int, Field(strict=True, ge=0)] | None = None  # revision 8
     preparation_s: NonNegative | None = None  # revision 10
+    signals_loaded: Annotated[int, Field(strict=True, ge=0)] | None = None  # revision 11
 
 
 class Provenance(_Open):

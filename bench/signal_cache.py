@@ -138,6 +138,7 @@ class SignalCache:
             self.hits += 1
             self.loaded += 1
             TOTALS["reused"] += 1
+            TOTALS["loaded"] += 1
             self._results[key] = on_disk
             restored_step()  # done before this run: on the run's bar, out of its rate
             return on_disk
@@ -193,7 +194,8 @@ def cached(
 _CURRENT: dict[str, Any] = {"group": None, "cache": None}
 # signal calls served from a cache / computed and stored, over every cache of this process: a cell's record
 # carries its own share (bench.units: cost.signals_reused / signals_computed; bench.runplan learns from them)
-TOTALS = {"reused": 0, "computed": 0}
+# (loaded: those of the reused read back from the spill folder, e.g. by a cell resumed after a kill)
+TOTALS = {"reused": 0, "computed": 0, "loaded": 0}
 
 
 def group_cache(group: Hashable, spill: Path | None = None) -> SignalCache:

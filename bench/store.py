@@ -17,7 +17,8 @@ Schema (``schema_version`` 1), documented in README.md "Result records":
   cost {bytes_up_per_round, bytes_down_per_round, params_up_per_round, train_wall_s, attack_wall_s,
   peak_mem_mb, signals_computed / signals_reused (membership, revision >= 8), preparation_s (cells, revision >= 10:
   seconds spent building or waiting for a shared cache entry such as the VLM's aligned projector, not counted in
-  attack_wall_s)}, artifacts {name: path relative
+  attack_wall_s), signals_loaded (membership, revision >= 11: signal calls read back from cache/signals)},
+  artifacts {name: path relative
   to the output dir}, provenance {code_version, packages, config_hash, started_at, ...}.
 
 Every record is checked against the typed schema (bench/schema.py) when written and when read: an invalid

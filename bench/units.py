@@ -231,7 +231,7 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
     prep = cachefile.locked_s() - locked0
     rec["cost"] = {**_costs(train, defense), "attack_wall_s": max(0.0, time.time() - t1 - prep), "preparation_s": prep}
     if cell.attack.kind == "membership":  # how much of its signal work earlier cells had done (bench.runplan)
-        for k in ("reused", "computed"):
+        for k in ("reused", "computed", "loaded"):
             rec["cost"][f"signals_{k}"] = signal_cache.TOTALS[k] - signals0[k]
     rec["utility"] = dict(train.utility) if train is not None else {}
     if ident is not None:  # the run the cell scored (bench.runplan.Done: a record of another run is stale)

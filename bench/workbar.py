@@ -50,8 +50,8 @@ class WorkBar:
         rate the ETA comes from (tqdm's ``initial``: with ``smoothing=0`` the rate is (n - initial) / elapsed)."""
         step = max(0.0, min(seconds, self.bar.total - self._moved))
         self._moved += step
-        if before:
-            self.bar.initial += step
+        if before:  # a disabled bar (BENCH_QUIET=1) has no ``initial``: a resumed unit failed on it
+            self.bar.initial = getattr(self.bar, "initial", 0.0) + step
         self.bar.update(step)
 
     def grow(self, seconds: float) -> None:

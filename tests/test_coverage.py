@@ -45,10 +45,18 @@ def test_a_preset_without_static_declarations_is_said_to_be_unplanned():
     assert "Not planned here (no static task declarations): preset smoke" in md
 
 
-def test_the_planned_cells_are_the_registries_applicable_default_grid():
+def test_the_planned_cells_are_the_registries_applicable_default_grid(monkeypatch):
+    from bench.registry import DEFENSES
+    from defenses.fedavg import FedAvg
+
+    class Toy(FedAvg):  # registered at run time (a test's toy, a contributed file): not in the planned grid
+        name = "toy_registered_at_run_time"
+
+    monkeypatch.setitem(DEFENSES._items, "toy_registered_at_run_time", Toy)
     cells = coverage.planned_cells("llm-text", "smoke")
 
     assert cells is not None and ("llm-text", "fedavg", "loss_mia", "global_model") in cells
     assert ("llm-text", "base", "loss_mia", "global_model") in cells  # the base model's row too
     assert not any(attack in ("april", "inverting_gradients") for _, _, attack, _ in cells)  # n/a on text
+    assert not any(defense.startswith("toy_") for _, defense, _, _ in cells)
     assert coverage.planned_cells("no-such-scenario", "smoke") is None

@@ -712,6 +712,7 @@ def test_a_cell_whose_signals_an_earlier_cell_computed_records_that_it_computed_
             key=lambda c: c[0],
         )
         assert len(costs) == 2 and costs[0][0] == 0 and costs[0][1] > 0 and costs[1][0] > 0, (view, costs)
+    assert all(r["cost"]["signals_loaded"] == 0 for r in recs)  # one process: none read back from cache/signals
 
 
 def test_cost_model_learns_cells_that_computed_no_signal_apart_and_the_plan_uses_them(tmp_path):
@@ -738,6 +739,28 @@ def test_cost_model_learns_cells_that_computed_no_signal_apart_and_the_plan_uses
     assert costs.cell_cost(cell(a=0.3)) == 1100.0 and costs.cell_cost(cell()) == 1000.0
     assert costs.cell_cost(cell(a=0.3), follower=True) == 20.0 == costs.cell_cost(cell(a=0.5), follower=True)
     assert CostModel().cell_cost(cell(a=0.3), follower=True) == CostModel().cell_cost(cell(a=0.3))
+
+
+def test_cost_model_does_not_learn_from_a_cell_that_resumed_part_way(tmp_path):
+    # arrange: rmia once ran whole (1,000 s), once resumed after a kill with 3 of its 5 passes read back (300 s)
+    from types import SimpleNamespace
+
+    from attacks.rmia import RMIA
+    from bench.store import Store
+    from tests.test_store import record
+
+    store = Store(tmp_path)
+    for i, (wall, computed, reused, loaded) in enumerate([(1000.0, 5, 0, 0), (300.0, 2, 3, 3)]):
+        cost = {"attack_wall_s": wall, "signals_computed": computed, "signals_reused": reused, "signals_loaded": loaded}
+        store.write(record(cell_id=f"{i:016x}", attack="rmia", cost=cost))
+    task = SimpleNamespace(id="toy/mlp", preset="default", api=SimpleNamespace(family="llm-text"))
+    cell = SimpleNamespace(task=task, attack=RMIA(), view="global_model", defense=FedAvg())
+
+    # act
+    costs = CostModel.from_records(tmp_path)
+
+    # assert: the partial time does not pull the estimate down
+    assert costs.cell_cost(cell) == 1000.0
 
 
 def test_the_plan_estimates_cells_that_reuse_an_earlier_cells_signals_as_followers(tmp_path):
@@ -824,6 +847,25 @@ def test_a_resumed_units_restored_share_is_on_the_bar_but_not_in_its_eta(monkeyp
     assert (shown["n"], shown["initial"]) == pytest.approx((150.0, 100.0))
     remaining = made[0].format_meter(**{**shown, "elapsed": 50.0, "bar_format": "{remaining_s}"})
     assert float(remaining) == pytest.approx(150.0)  # 150 s left at 1 s of work per second, not 50 s
+
+
+def test_a_quiet_bar_takes_a_resumed_units_restored_share(monkeypatch):
+    """BENCH_QUIET=1 disables the bar; a disabled tqdm has no ``initial``: a resumed unit's report failed its cell."""
+    from types import SimpleNamespace
+
+    import bench.workbar
+    from bench.progress import Resumed
+
+    monkeypatch.setenv("BENCH_QUIET", "1")
+    wb = bench.workbar.WorkBar(300.0)
+    unit = SimpleNamespace(key="t", cost=300.0)
+    wb.start(unit, "training")
+
+    wb.advance("t", Resumed(1 / 3))
+    wb.finish(unit)
+    wb.close()
+
+    assert wb._moved == pytest.approx(300.0)
 
 
 def test_the_postfix_names_the_running_cell_not_a_finished_reference_run(monkeypatch):

@@ -38,7 +38,9 @@ def planned_cells(scenario: str, preset: str) -> set[Key] | None:
     tasks: list[Any] | None = declared(SCENARIOS.get(scenario), preset)  # DeclaredTask: what plan reads of a Task
     if tasks is None:
         return None
-    cells = plan(tasks, expand(DEFENSES, "all", full_grid=False), expand(ATTACKS, "all"), [0])
+    # the installed methods only: the planned grid must not depend on what else this process registered
+    defenses = expand(DEFENSES, ",".join(DEFENSES.installed_names()), full_grid=False)
+    cells = plan(tasks, defenses, expand(ATTACKS, ",".join(ATTACKS.installed_names())), [0])
     return {(c.task.id, c.defense_label, label(c.attack), c.view) for c in cells if c.na is None and c.error is None}
 
 
