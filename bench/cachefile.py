@@ -95,6 +95,11 @@ def _plain(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+def quarantine_for(folder: Path) -> Path:
+    """Where the damaged entries of the cache folder ``<out>/cache/<name>`` go: ``<out>/quarantine/cache/<name>``."""
+    return folder.parent.parent / "quarantine" / folder.parent.name / folder.name
+
+
 def _head(stem: Path) -> Path:
     """The entry's JSON (its commit record)."""
     return stem.parent / f"{stem.name}.json"

@@ -186,7 +186,7 @@ def reference_task(
 
 
 def _cache_dirs(cache_root: Path) -> tuple[Path, Path]:
-    return cache_root / "reference", cache_root.parent / "quarantine" / cache_root.name / "reference"
+    return cache_root / "reference", cachefile.quarantine_for(cache_root / "reference")
 
 
 @dataclass(frozen=True)

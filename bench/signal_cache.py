@@ -148,20 +148,17 @@ class SignalCache:
         self._save(key, out)
         return out
 
-    def _stem(self, key: tuple[Hashable, str, tuple[str, ...]]) -> Path | None:
-        if self.spill is None:
-            return None
+    @staticmethod
+    def _stem(spill: Path, key: tuple[Hashable, str, tuple[str, ...]]) -> Path:
         kind, model_key, fps = key
         h = hashlib.blake2b(f"{SPILL_VERSION}|{kind!r}|{model_key}|{','.join(fps)}".encode(), digest_size=16)
         name = h.hexdigest()
-        return self.spill / name[:2] / name
+        return spill / name[:2] / name
 
     def _load(self, key: tuple[Hashable, str, tuple[str, ...]]) -> Tensor | None:
         """The spilled tensor of ``key``, or None (none, or damaged: quarantined beside the cache, recomputed)."""
-        stem = self._stem(key)
-        if stem is None or self.spill is None:
+        if self.spill is None:
             return None
-        quarantine_dir = self.spill.parent.parent / "quarantine" / self.spill.parent.name / self.spill.name
 
         def decode(tensors: dict[str, Tensor], meta: dict[str, Any]) -> Tensor:
             t = tensors["signal"]
@@ -169,14 +166,17 @@ class SignalCache:
                 raise ValueError(f"a spilled signal of another layout: {meta}, shape {tuple(t.shape)}")
             return t
 
-        return cachefile.load(stem, decode, quarantine_dir=quarantine_dir)
+        stem = self._stem(self.spill, key)
+        return cachefile.load(stem, decode, quarantine_dir=cachefile.quarantine_for(self.spill))
 
     def _save(self, key: tuple[Hashable, str, tuple[str, ...]], out: Any) -> None:
         """Spill a one-CPU-tensor result (one per candidate along dim 0); a failed write warns and costs only a
         recomputation later."""
-        stem = self._stem(key)
-        if stem is None or not isinstance(out, Tensor) or out.device.type != "cpu" or out.shape[:1] != (len(key[2]),):
+        if self.spill is None or not isinstance(out, Tensor) or out.device.type != "cpu":
             return
+        if out.shape[:1] != (len(key[2]),):
+            return
+        stem = self._stem(self.spill, key)
         meta = {"version": SPILL_VERSION, "kind": repr(key[0]), "model": key[1], "n": len(key[2])}
         try:
             cachefile.save(stem, {"signal": out.detach().contiguous()}, meta)

@@ -134,7 +134,7 @@ def checkpoint_path(task: Task, defense: Defense, seed: int, cache_root: Path) -
 
 
 def _quarantine_dir(cache_root: Path) -> Path:
-    return cache_root.parent / "quarantine" / cache_root.name / "train"
+    return cachefile.quarantine_for(cache_root / "train")
 
 
 def cached(task: Task, defense: Defense, seed: int, cache_root: Path, *, readonly: bool = False) -> bool:
