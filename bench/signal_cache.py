@@ -172,9 +172,8 @@ class SignalCache:
     def _save(self, key: tuple[Hashable, str, tuple[str, ...]], out: Any) -> None:
         """Spill a one-CPU-tensor result (one per candidate along dim 0); a failed write warns and costs only a
         recomputation later."""
-        if self.spill is None or not isinstance(out, Tensor) or out.device.type != "cpu":
-            return
-        if out.shape[:1] != (len(key[2]),):
+        one_per_candidate = isinstance(out, Tensor) and out.device.type == "cpu" and out.shape[:1] == (len(key[2]),)
+        if self.spill is None or not one_per_candidate:
             return
         stem = self._stem(self.spill, key)
         meta = {"version": SPILL_VERSION, "kind": repr(key[0]), "model": key[1], "n": len(key[2])}

@@ -63,9 +63,14 @@ def coverage_table(res: Results, scenario: str, planned: dict[str, set[Key] | No
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def _grid(cov: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the default grid's cells (``in_grid`` None, a preset not planned, counts with them)."""
+    return cov[[v is not False for v in cov.in_grid]]
+
+
 def summary(cov: pd.DataFrame) -> str:
     """One line: the grid's applicable cells, measured, covered at >= FULL_SEEDS seeds; recorded cells outside it."""
-    grid = cov[[v is not False for v in cov.in_grid]]  # None (the preset not planned) counts with the grid
+    grid = _grid(cov)
     extra = len(cov) - len(grid)
     outside = f" (and {extra} recorded outside the default grid)" if extra else ""
     if not len(grid):
@@ -91,7 +96,7 @@ def markdown(cov: pd.DataFrame, scenario: str, unplanned: list[str]) -> list[str
         return out
     rows = []
     for (_, task, defense), g in cov.groupby(["preset", "task", "defense"], sort=True):
-        grid = g[[v is not False for v in g.in_grid]]
+        grid = _grid(g)
         gaps = "; ".join(
             f"{md_escape(attack)} ({', '.join(sorted(VIEW_SHORT.get(v, v) for v in m.view))})"
             for attack, m in grid[grid.n_seeds == 0].groupby("attack", sort=True)
