@@ -317,11 +317,12 @@ def run_membership(
     for part in progress(parts, desc=f"{attack.name} {view}", leave=False, unit=True):
         cands = [("m", i) for i in part.members] + [("n", i) for i in part.nonmembers]
         order = np.random.default_rng([seed, 1 + (part.client or 0)]).permutation(len(cands))
-        with stage(0, 3):  # three steps of a part: its model, the candidates' scores, the aux threshold's
+        steps = _part_steps(len(cands), part, uses_aux)
+        with stage(0, steps):  # three steps of a part: its model, the candidates' scores, the aux threshold's
             obs = membership_observation(task, defense, attack, view, part, pool, seed, cache_root=cache_root)
         reference = obs.reference
         torch.manual_seed(seed)
-        with stage(1, 3):
+        with stage(1, steps):
             out = attack.run(obs, [item(cands[o]) for o in order])
         if not isinstance(out, Scores):
             raise TypeError(f"membership attack {attack.name} returned {type(out).__name__}, expected Scores")
@@ -335,7 +336,7 @@ def run_membership(
         primary = out.primary
         if out.details:
             details["all" if part.client is None else str(part.client)] = out.details
-        with stage(2, 3):
+        with stage(2, steps):
             thresholds[at] = _aux_threshold(attack, out, obs, part, pool, task, seed, uses_aux)
         used = reference.used if reference is not None else None
         del obs, reference, out  # this client's model and reference models go before the next client's are built
@@ -423,6 +424,19 @@ def membership_observation(
         reference=reference,
         base_model=base if getattr(attack, "uses_base", False) else None,
     )
+
+
+MODEL_STEP = 0.05  # a part's model building, as a share of its scoring: a cached run loaded, a few seconds
+
+
+def _part_steps(n_candidates: int, part: Part, uses_aux: bool) -> tuple[float, float, float]:
+    """A part's three steps weighted by expected cost (bench.progress.stage): the model, the candidates' scores
+    (by their count), the aux split's scores (by its count, where the harness scores it: :func:`_aux_threshold`).
+    Equal thirds put a third of each part on its model building (seconds): the bar jumped at every part, and a
+    resumed cell's ETA came out a fraction of its time (vlm-caption's RMIA client cell: 50 s for ~20 min)."""
+    n = float(max(n_candidates, 1))
+    n_aux = 0 if uses_aux or not part.aux[0] or not part.aux[1] else len(part.aux[0]) + len(part.aux[1])
+    return (MODEL_STEP * n, n, float(n_aux))
 
 
 def _aux_threshold(

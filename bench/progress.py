@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import sys
 import time
 import warnings
-from typing import Callable, Iterable, Iterator, Sized, TypeVar
+from typing import Callable, Iterable, Iterator, Sequence, Sized, TypeVar
 
 from tqdm.auto import tqdm
 
@@ -75,8 +76,9 @@ def resumed(done: int, n: int) -> None:
 
 def restored_step() -> None:
     """Report that the step the innermost tracked loop (or stage) stands at was restored rather than run (a model
-    pass read back from ``cache/signals``, bench.signal_cache): its share is done before this run, on the bar and
-    out of its rate, so a cell resumed after a kill does not show an ETA from its instant passes."""
+    pass read back from ``cache/signals`` or found in memory, bench.signal_cache): its share is done before this
+    run, on the bar and out of its rate, so a cell resumed after a kill does not show an ETA from its instant
+    passes."""
     stack = _UNIT["stack"]
     if _UNIT["report"] is None or not stack:
         return
@@ -104,17 +106,24 @@ def unit_progress(report: Callable[[UnitReport], None] | None) -> Iterator[None]
 
 def unit_fraction() -> float:
     f, scale = 0.0, 1.0
-    for done, n in _UNIT["stack"]:
-        f += scale * min(done, n) / n
-        scale /= n
+    for frame in _UNIT["stack"]:
+        done, n = min(frame[0], frame[1]), frame[1]
+        if len(frame) > 2:  # a weighted stage: its steps' shares of the enclosing step (cumulative, ending at 1)
+            edges = frame[2]
+            f += scale * (edges[done - 1] if done else 0.0)
+            scale *= (edges[done] - (edges[done - 1] if done else 0.0)) if done < n else 0.0
+        else:
+            f += scale * done / n
+            scale /= n
     return f
 
 
 @contextlib.contextmanager
-def _frame(i: int, n: int) -> Iterator[list[int]]:
-    """[done, items] on the unit's stack while inside (a tracked loop's position, or a stage)."""
+def _frame(i: int, n: int, edges: list[float] | None = None) -> Iterator[list]:
+    """[done, items(, cumulative step shares)] on the unit's stack while inside (a tracked loop's position, or a
+    stage)."""
     stack = _UNIT["stack"]
-    frame = [i, n]
+    frame: list = [i, n] if edges is None else [i, n, edges]
     stack.append(frame)
     try:
         yield frame
@@ -123,14 +132,24 @@ def _frame(i: int, n: int) -> Iterator[list[int]]:
 
 
 @contextlib.contextmanager
-def stage(i: int, n: int) -> Iterator[None]:
-    """Within: step ``i`` of ``n`` of the current tracked loop's iteration, so the loops run inside it refine
-    that step's share of the fraction instead of restarting it (a cell's model building, scoring and threshold
-    passes run one after another in one iteration). Outside a unit's main loop it does nothing."""
+def stage(i: int, n: int | Sequence[float]) -> Iterator[None]:
+    """Within: step ``i`` of the current tracked loop's iteration, so the loops run inside it refine that step's
+    share of the fraction instead of restarting it (a cell's model building, scoring and threshold passes run one
+    after another in one iteration). ``n``: the number of equal steps, or each step's weight (its expected cost:
+    a cell's model building costs little beside its scoring, and equal thirds let a resumed cell's instant steps
+    set the bar's rate). Outside a unit's main loop it does nothing."""
     if _UNIT["report"] is None or not _UNIT["stack"]:
         yield
         return
-    with _frame(i, n):
+    if isinstance(n, int):
+        with _frame(i, n):
+            yield
+        return
+    total = float(sum(n))
+    if not len(n) or total <= 0 or min(n) < 0:
+        raise ValueError(f"stage weights must be >= 0 with a positive sum, got {list(n)}")
+    edges = [c / total for c in itertools.accumulate(float(w) for w in n)]  # c / total: exactly 1.0 at the end
+    with _frame(i, len(n), edges):
         yield
 
 

@@ -133,6 +133,7 @@ class SignalCache:
         if key in self._results:
             self.hits += 1
             TOTALS["reused"] += 1
+            restored_step()  # computed earlier (another cell, or the z pass again): instant, out of the bar's rate
             return self._results[key]
         if (on_disk := self._load(key)) is not None:
             self.hits += 1

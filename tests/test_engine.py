@@ -835,3 +835,44 @@ def test_stages_keep_sibling_loops_from_restarting_the_units_fraction(monkeypatc
     # assert: staged, the fraction only grows, to the last pass of the last part; bare, the second loop restarts it
     assert staged == sorted(staged) and len(staged) == 2 * (1 + 2 * 4) and staged[-1] == 1 / 2 + 1 / 4 + 3 / 16
     assert bare != sorted(bare)
+
+
+def test_weighted_stages_give_each_step_its_share_of_the_units_fraction(monkeypatch):
+    # arrange: a unit of two parts, each a cheap step, an expensive one of 4 passes and an empty one (weights 1, 8, 0)
+    import bench.progress
+    from bench.progress import progress, stage, unit_progress
+
+    monkeypatch.setattr(bench.progress, "REPORT_S", 0.0)
+    reports: list = []
+
+    # act
+    with unit_progress(reports.append):
+        for _ in progress(range(2), desc="parts", unit=True):
+            for i in range(3):
+                with stage(i, (1, 8, 0)):
+                    for _ in progress(range(4) if i == 1 else range(1), desc="pass"):
+                        pass
+
+    # assert: the cheap step is 1/9 of a part (half the unit), each of the 4 passes 2/9; the empty step adds nothing
+    assert reports == sorted(reports)
+    assert reports[:6] == pytest.approx([0.0, 0.0, 1 / 18, 1 / 18 + 1 / 9, 1 / 18 + 2 / 9, 1 / 18 + 3 / 9])
+    assert reports[-2:] == pytest.approx([1 / 2 + 1 / 18 + 3 / 9, 1.0])  # the empty step starts where the part ends
+
+
+def test_stage_weights_must_have_a_positive_sum(monkeypatch):
+    from bench.progress import progress, stage, unit_progress
+
+    with unit_progress(lambda f: None), pytest.raises(ValueError, match="positive sum"):
+        for _ in progress(range(1), unit=True):
+            with stage(0, (0, 0)):
+                pass
+
+
+def test_a_cells_model_building_is_a_small_step_and_the_aux_split_counts_only_where_the_harness_scores_it():
+    from bench.cells import MODEL_STEP, Part, _part_steps
+
+    part = Part(lambda: None, [0, 1], [2, 3], ([4, 5], [6, 7]))
+
+    assert _part_steps(4, part, uses_aux=False) == (MODEL_STEP * 4, 4.0, 4.0)
+    assert _part_steps(4, part, uses_aux=True) == (MODEL_STEP * 4, 4.0, 0.0)  # its calibration, no extra pass
+    assert _part_steps(4, Part(lambda: None, [0], [1], ([], [])), uses_aux=False)[2] == 0.0
