@@ -50,7 +50,7 @@ def nested(it: Iterable[T], *, total: int | None = None) -> Iterable[T]:
 
 # How far the current work unit is: a stack of [items done, items] of the tracked loops running, the
 # outermost first; reported (at most every REPORT_S seconds) to the callback of ``unit_progress``.
-_UNIT: dict = {"report": None, "stack": [], "last": 0.0}
+_UNIT: dict = {"report": None, "stack": [], "last": 0.0, "saved": None}
 REPORT_S = 0.5
 
 
@@ -79,15 +79,40 @@ def restored_step() -> None:
     pass read back from ``cache/signals`` or found in memory, bench.signal_cache): its share is done before this
     run, on the bar and out of its rate, so a cell resumed after a kill does not show an ETA from its instant
     passes."""
-    stack = _UNIT["stack"]
-    if _UNIT["report"] is None or not stack:
-        return
-    frame = stack[-1]
+    if _UNIT["report"] is not None and _UNIT["stack"]:
+        _UNIT["report"](Resumed(_fraction_after_step()))
+
+
+def saved_step() -> None:
+    """Report that the step the innermost tracked loop (or stage) stands at finished and its result is on disk (a
+    model pass spilled to ``cache/signals``): the unit's fraction after it goes to the callback of
+    :func:`on_saved`, which keeps it for a later run's plan (bench.signal_cache.write_marker)."""
+    if _UNIT["saved"] is not None and _UNIT["stack"]:
+        _UNIT["saved"](_fraction_after_step())
+
+
+def _fraction_after_step() -> float:
+    """The unit's done fraction once the step the innermost tracked loop (or stage) stands at is done."""
+    frame = _UNIT["stack"][-1]
     frame[0] += 1
     try:
-        _UNIT["report"](Resumed(unit_fraction()))
+        return unit_fraction()
     finally:
         frame[0] -= 1
+
+
+@contextlib.contextmanager
+def on_saved(callback: Callable[[float], None] | None) -> Iterator[None]:
+    """Within: :func:`saved_step` reports the unit's done fraction to ``callback``; the unit's loops are tracked
+    for it even where no bar follows them (no ``unit_progress`` report: an inline or Ray run)."""
+    before = (_UNIT["saved"], _UNIT["report"])
+    _UNIT["saved"] = callback
+    if _UNIT["report"] is None and callback is not None and not _UNIT["stack"]:
+        _UNIT["report"] = lambda f: None
+    try:
+        yield
+    finally:
+        _UNIT["saved"], _UNIT["report"] = before
 
 
 @contextlib.contextmanager

@@ -49,7 +49,8 @@ class Plan:
     needs_training: set = field(default_factory=set)  # group keys whose training run is not cached
     resumable: int = 0  # of them, runs with a round or epoch checkpoint to resume from (bench/checkpoint.py)
     resumable_refs: int = 0  # of the reference runs to train, those with a checkpoint to resume from
-    restored_s: float = 0.0  # of ``est_total_s``, the runs' shares their checkpoints hold (done before this run)
+    resumable_cells: int = 0  # of the cells to run, those a killed run left spilled model passes of
+    restored_s: float = 0.0  # of ``est_total_s``, the shares checkpoints and spilled passes hold (done before this run)
     trainings: int = 0  # distinct training runs the applicable unfinished cells use
     references: int = 0  # reference runs ([RMIA]) the applicable unfinished cells use
     needs_reference: dict[tuple, list[int]] = field(default_factory=dict)  # group key -> reference runs to train
@@ -122,6 +123,7 @@ class Plan:
             [
                 f"plan: {self.planned} cells planned, {self.applicable} applicable "
                 f"({self.planned - self.applicable} n/a), {self.done} already done, {self.to_run} to run"
+                + (f" ({self.resumable_cells} resume from spilled model passes)" if self.resumable_cells else "")
                 + (
                     f" ({self.stale} of them redo a stale record: made under an earlier protocol or budget, or from "
                     f"a training or reference run no longer cached, or before --redo-before)"
@@ -300,6 +302,7 @@ class Done:
 def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_before: datetime | None = None) -> Plan:
     from .checkpoint import restored_share  # imported when planning (bench list stays light)
     from .reference import reference_checkpoint
+    from .signal_cache import marker_path, spilled_share
     from .training import checkpoint_path
 
     f = model.factors
@@ -324,6 +327,9 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_befor
             pl.followers += follows
             pl.cell_s[c.id] = model.cell_cost(c, follower=follows)
             pl.add(c.attack.name, pl.cell_s[c.id])
+            share = spilled_share(marker_path(Path(store.out) / "cache", c.id))  # a killed cell's spilled passes
+            pl.resumable_cells += share > 0
+            pl.restored_s += pl.cell_s[c.id] * share
             pl.stale += store.finished(c.task.scenario, c.id)
     for key, group in pl.groups.items():
         c = group[0]

@@ -16,6 +16,7 @@ passes, and another worker or node sharing ``--out`` reads them instead of recom
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import weakref
 import zlib
@@ -27,7 +28,8 @@ import torch
 from torch import Tensor, nn
 
 from . import cachefile
-from .progress import restored_step
+from .progress import restored_step, saved_step
+from .store import atomic_write_bytes
 
 # bump when a signal's computation changes (bench/loss_signals.py): entries spilled before are then never read
 SPILL_VERSION = 1
@@ -182,6 +184,32 @@ class SignalCache:
             cachefile.save(stem, {"signal": out.detach().contiguous()}, meta)
         except (OSError, ValueError, TypeError) as e:
             print(f"warning: signal not spilled to {stem}: {type(e).__name__}: {e}", file=sys.stderr)  # noqa: T201
+        else:
+            saved_step()  # the cell's done fraction so far, for a later run's plan (write_marker)
+
+
+def marker_path(cache_root: Path, cell_id: str) -> Path:
+    """Where a running cell keeps the done fraction its spilled passes hold (``<cache>/signals/cells``)."""
+    return cache_root / "signals" / "cells" / f"{cell_id}.json"
+
+
+def write_marker(path: Path, fraction: float) -> None:
+    """Keep ``fraction`` (a cell's share done, its passes spilled) for :func:`spilled_share`; a failed write only
+    leaves a plan's estimate higher."""
+    try:
+        atomic_write_bytes(path, json.dumps({"fraction": round(float(fraction), 6)}).encode())
+    except OSError as e:
+        print(f"warning: progress marker not written to {path}: {e}", file=sys.stderr)  # noqa: T201
+
+
+def spilled_share(path: Path) -> float:
+    """The share of a killed cell its spilled passes hold (0: none, unreadable); the plan counts it as done
+    before the run, as it counts a training run's round checkpoint (bench.checkpoint.restored_share)."""
+    try:
+        f = float(json.loads(path.read_bytes())["fraction"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+    return min(max(f, 0.0), 1.0)
 
 
 def cached(

@@ -26,7 +26,7 @@ from .device import autocast, precision_of
 from .matrix import Cell
 from .one_run_audit import record_bound as one_run_record
 from .params import check_privacy
-from .progress import unit_progress
+from .progress import on_saved, unit_progress
 from .recon_cells import probe_observations, run_reconstruction
 from .reference import identities as reference_identities
 from .reference import reference_count
@@ -220,8 +220,10 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
     locked0 = cachefile.locked_s()  # and one-off preparations (a base-model cell builds the model it scores)
     signals0 = dict(signal_cache.TOTALS)
     restart = False
+    marker = signal_cache.marker_path(out / "cache", cell.id)  # the share its spilled passes hold, for a later plan
     try:
-        rec.update(_attack_cell(cell, train, store))
+        with on_saved(lambda f: signal_cache.write_marker(marker, f)):
+            rec.update(_attack_cell(cell, train, store))
         rec["status"] = "ok"
     except KeyboardInterrupt:
         raise
@@ -258,6 +260,8 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
             "cost": {"attack_wall_s": rec["cost"]["attack_wall_s"]},
         }
         store.write(rec)
+    if rec["status"] == "ok":
+        marker.unlink(missing_ok=True)
     return {
         "status": rec["status"],
         "reason": rec.get("reason", ""),

@@ -265,3 +265,26 @@ def test_the_share_of_its_run_a_checkpoint_holds_is_read_for_the_plan(tmp_path):
     # act / assert: a third restored; the others would not be used by their run, so none
     assert restored_share(path) == pytest.approx(1 / 3)
     assert restored_share(damaged) == restored_share(foreign) == restored_share(tmp_path / "none.ckpt") == 0.0
+
+
+def test_the_plan_counts_the_cells_a_killed_run_left_spilled_model_passes_of(tmp_path, capsys):
+    # arrange: a marker saying a killed smoke loss_mia cell of image-cls/vit had spilled passes for 40% of its work
+    from attacks.loss_mia import LossMIA
+    from bench.cli import main
+    from bench.matrix import Cell
+    from bench.registry import SCENARIOS, build
+    from bench.signal_cache import marker_path, write_marker
+
+    out = tmp_path / "out"
+    task = next(t for t in SCENARIOS.get("image-cls")("smoke") if t.variant == "vit")
+    cell = Cell(task, build(FedSGD, {}, "defense"), LossMIA(), "global_model", 0)
+    write_marker(marker_path(out / "cache", cell.id), 0.4)
+    argv = ["run", "--scenario", "image-cls", "--defense", "fedsgd", "--attack", "loss_mia", "--preset", "smoke"]
+
+    # act
+    code = main([*argv, "--view", "global_model", "--out", str(out), "--dry-run"])
+
+    # assert: the cell is still to run, its spilled share out of the work left
+    text = capsys.readouterr().out
+    assert code == 0 and " to run (1 resume from spilled model passes)" in text
+    assert " more done in checkpoints" in text

@@ -429,9 +429,10 @@ class _Recording:
         pass
 
 
-def test_reference_runs_are_units_before_their_cells_and_planned(tmp_path):
+def test_reference_runs_are_units_before_their_cells_and_planned(tmp_path, monkeypatch):
     import shutil
 
+    from bench import signal_cache
     from bench.costs import CostModel
     from bench.runner import plan, run
     from bench.runplan import make_plan
@@ -440,8 +441,13 @@ def test_reference_runs_are_units_before_their_cells_and_planned(tmp_path):
     task, ex = _population_task(rounds=1), _Recording()
     cells = plan([task], [FedAvg()], [RMIA()], [0])
     pl = make_plan(cells, Store(tmp_path), CostModel(), jobs=2)
+    markers: list = []  # what the cells' spilled passes held as they ran, for a plan after a kill
+    write = signal_cache.write_marker
+    monkeypatch.setattr(signal_cache, "write_marker", lambda p, f: (markers.append((p.stem, f)), write(p, f)))
 
     summary = run([task], [FedAvg()], [RMIA()], [0], tmp_path, executor=ex)
+    assert markers and all(0 < f <= 1 for _, f in markers) and {k for k, _ in markers} <= {c.id for c in cells}
+    assert not list((tmp_path / "cache" / "signals" / "cells").glob("*"))  # an ok cell's marker goes
     rec = next(r for r in Store(tmp_path).records() if r["defense"] == "fedavg" and r["view"] == "global_model")
     shutil.rmtree(tmp_path / "records")  # the cells lost, the training and reference runs cached
     again = make_plan(cells, Store(tmp_path), CostModel(), jobs=2)

@@ -216,3 +216,25 @@ def test_a_pass_read_back_from_disk_is_reported_as_done_before_this_run(tmp_path
 
     assert [r for r in reports if isinstance(r, Resumed)] == [Resumed(0.5)]  # pass 1 of 4 done: half the unit
     assert cache.loaded == 1 and cache.misses == 3
+
+
+def test_each_spilled_pass_keeps_the_cells_done_fraction_for_a_later_plan(tmp_path):
+    """A killed cell's plan counts what its spilled passes hold (bench.runplan): each spill reports the cell's
+    fraction after that pass to ``on_saved`` (bench.units writes it to the cell's marker)."""
+    from bench.progress import on_saved, progress, unit_progress
+    from bench.signal_cache import marker_path, spilled_share, write_marker
+
+    model, items, cache, saved = nn.Linear(2, 1), [1, 2], SignalCache(tmp_path), []
+    marker = marker_path(tmp_path, "cell")
+
+    with unit_progress(lambda f: None), on_saved(saved.append):
+        for i in progress(range(4), unit=True):
+            cache.get(f"pass {i}", model, items, lambda: torch.ones(2))
+            if i == 1:
+                write_marker(marker, saved[-1])
+                cache.get("not one per candidate", model, items, lambda: {"a": torch.ones(2)})  # memory only: silent
+
+    assert saved == [0.25, 0.5, 0.75, 1.0]
+    assert spilled_share(marker) == 0.5
+    marker.write_text("{torn")
+    assert spilled_share(marker) == spilled_share(tmp_path / "none.json") == 0.0
