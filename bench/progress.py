@@ -135,8 +135,9 @@ def unit_fraction() -> float:
         done, n = min(frame[0], frame[1]), frame[1]
         if len(frame) > 2:  # a weighted stage: its steps' shares of the enclosing step (cumulative, ending at 1)
             edges = frame[2]
-            f += scale * (edges[done - 1] if done else 0.0)
-            scale *= (edges[done] - (edges[done - 1] if done else 0.0)) if done < n else 0.0
+            start = edges[done - 1] if done else 0.0
+            f += scale * start
+            scale *= (edges[done] - start) if done < n else 0.0
         else:
             f += scale * done / n
             scale /= n
