@@ -84,7 +84,8 @@ class _Precomputed(nn.Module):
 def fid_kid(
     real_feats: Tensor, fake_feats: Tensor, *, kid_subset: int = 100, kid_subsets: int = 100, seed: int = 0
 ) -> dict[str, float]:
-    """FID and KID (mean, std over subsets) between two feature sets [N, F] (torchmetrics)."""
+    """FID and KID between two feature sets [N, F] (torchmetrics); KID's std over random subsets only where a
+    subset is smaller than the sets (at ``kid_subset >= N`` every subset is the whole set: one estimate, no spread)."""
     from torchmetrics.image.fid import FrechetInceptionDistance
     from torchmetrics.image.kid import KernelInceptionDistance
 
@@ -95,17 +96,17 @@ def fid_kid(
     fid = FrechetInceptionDistance(feature=_Precomputed(d), reset_real_features=False)
     fid.update(real_feats.double(), real=True)
     fid.update(fake_feats.double(), real=False)
-    kid = KernelInceptionDistance(feature=_Precomputed(d), subsets=kid_subsets, subset_size=min(kid_subset, n))
+    size = min(kid_subset, n)
+    kid = KernelInceptionDistance(feature=_Precomputed(d), subsets=kid_subsets if size < n else 1, subset_size=size)
     kid.update(real_feats.double(), real=True)
     kid.update(fake_feats.double(), real=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         kid_mean, kid_std = kid.compute()
-    return {
-        f"fid_{ENCODER}": float(fid.compute()),
-        f"kid_{ENCODER}": float(kid_mean),
-        f"kid_{ENCODER}_std": float(kid_std),
-    }
+    out = {f"fid_{ENCODER}": float(fid.compute()), f"kid_{ENCODER}": float(kid_mean)}
+    if size < n:
+        out[f"kid_{ENCODER}_std"] = float(kid_std)
+    return out
 
 
 def make_generation_utility(

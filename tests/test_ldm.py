@@ -148,6 +148,17 @@ def test_fid_kid_match_an_independent_computation():
     assert out["fid_effnetlite0"] > 3 * same["fid_effnetlite0"]
 
 
+def test_kid_reports_a_spread_only_when_its_subsets_differ():
+    from bench.utility_gen import fid_kid
+
+    g = torch.Generator().manual_seed(0)
+    real, fake = torch.randn(40, 6, generator=g).double(), torch.randn(40, 6, generator=g).double() + 0.5
+    whole = fid_kid(real, fake, kid_subset=100)  # every subset would be all 40: one estimate
+    halves = fid_kid(real, fake, kid_subset=20)
+    assert "kid_effnetlite0_std" not in whole
+    assert halves["kid_effnetlite0_std"] > 0
+
+
 def test_efficientnet_lite0_features_are_pooled_1280d():
     from bench.utility_gen import feature_encoder
 

@@ -45,7 +45,8 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
     rows_by = {k: g for k, g in rows_by.items() if any(r["status"] != "n/a" for r in g)}
     live = {(r["attack_label"], r["view"], r["attack_kind"]) for r in recs if r["status"] != "n/a"}
     cols_meta: dict[str, dict] = {}
-    util_keys = sorted({k for r in recs for k in (r.get("utility") or {})})
+    # ``*_std``: a within-run spread (KID over subsets), not a utility; the seed interval is the table's spread
+    util_keys = sorted({k for r in recs for k in (r.get("utility") or {}) if not k.endswith("_std")})
     table: list[dict] = []
     est: dict[tuple, Estimate] = {}
     cell_recs: dict[tuple, list[dict]] = {}
