@@ -7,10 +7,11 @@ the others reuse them. Keys are content hashes, never object identities: the mod
 (every parameter and buffer), a candidate's key its tensors / values, so a changed model or item is never
 served a stale signal. Only reductions are kept (per-token statistics, not logits). In memory:
 :func:`group_cache` keeps the current group's cache and drops it when the next group starts. On disk (with a
-``spill`` folder, the harness's ``<cache>/signals``): every signal that is one CPU tensor (losses, gradient
-norms) is also written as a checksummed safetensors entry (bench/cachefile.py, no pickle), so a cell killed
-part-way ([RMIA]'s client cell on vlm-caption scores ~40 model passes in ~1 h) resumes from its finished
-passes, and another worker or node sharing ``--out`` reads them instead of recomputing.
+``spill`` folder, the harness's ``<cache>/signals``): every signal its :class:`Codec` can write (one CPU tensor
+per candidate: losses, gradient norms; MaxRényi's per-token statistics through bench.signals' codec) is also
+written as a checksummed safetensors entry (bench/cachefile.py, no pickle), so a cell killed part-way
+([RMIA]'s client cell on vlm-caption scores ~40 model passes in ~1 h) resumes from its finished passes, and
+another worker or node sharing ``--out`` reads them instead of recomputing.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import sys
 import weakref
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Hashable, Sequence
 
@@ -89,6 +91,34 @@ def model_fingerprint(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+@dataclass(frozen=True)
+class Codec:
+    """How a signal result goes to the spill folder and back: ``encode(out, n)`` gives (tensors, a JSON layout), or
+    None where ``out`` is not one this codec writes (it stays in memory); ``decode(tensors, layout, n)`` rebuilds it
+    and raises on a layout it cannot use (the entry is then quarantined and recomputed)."""
+
+    name: str
+    encode: Callable[[Any, int], tuple[dict[str, Tensor], Any] | None]
+    decode: Callable[[dict[str, Tensor], Any, int], Any]
+
+
+def _encode_one_tensor(out: Any, n: int) -> tuple[dict[str, Tensor], Any] | None:
+    if isinstance(out, Tensor) and out.device.type == "cpu" and out.shape[:1] == (n,):
+        return {"signal": out.detach().contiguous()}, None
+    return None
+
+
+def _decode_one_tensor(tensors: dict[str, Tensor], layout: Any, n: int) -> Tensor:
+    t = tensors["signal"]
+    if t.shape[:1] != (n,):
+        raise ValueError(f"a spilled signal of {tuple(t.shape)} for {n} candidates")
+    return t
+
+
+# one CPU tensor with one row per candidate (losses, per-sample gradient norms): the default
+PER_CANDIDATE = Codec("per_candidate", _encode_one_tensor, _decode_one_tensor)
+
+
 class SignalCache:
     """Signal results by (signal kind, model state hash, the candidates' hashes in order): in memory, and with a
     ``spill`` folder on disk too (one CPU tensor results only; see the module docstring).
@@ -122,10 +152,17 @@ class SignalCache:
     def forget_model(self, model: nn.Module) -> None:
         self._models.pop(model, None)
 
-    def get(self, kind: Hashable, model: nn.Module, items: Sequence[Any], compute: Callable[[], Any]) -> Any:
-        """The cached result of this (kind, model, candidates) call, else ``compute()`` stored for the next.
-        Candidates of a type :func:`fingerprint` cannot hash are computed every time (``uncached`` counts
-        them): never shared, never wrong."""
+    def get(
+        self,
+        kind: Hashable,
+        model: nn.Module,
+        items: Sequence[Any],
+        compute: Callable[[], Any],
+        codec: Codec = PER_CANDIDATE,
+    ) -> Any:
+        """The cached result of this (kind, model, candidates) call, else ``compute()`` stored for the next
+        (spilled through ``codec``). Candidates of a type :func:`fingerprint` cannot hash are computed every time
+        (``uncached`` counts them): never shared, never wrong."""
         try:
             fps = tuple(fingerprint(it) for it in items)
         except TypeError:
@@ -137,7 +174,7 @@ class SignalCache:
             TOTALS["reused"] += 1
             restored_step()  # computed earlier (another cell, or the z pass again): instant, out of the bar's rate
             return self._results[key]
-        if (on_disk := self._load(key)) is not None:
+        if (on_disk := self._load(key, codec)) is not None:
             self.hits += 1
             self.loaded += 1
             TOTALS["reused"] += 1
@@ -148,7 +185,7 @@ class SignalCache:
         self.misses += 1
         TOTALS["computed"] += 1
         out = self._results[key] = compute()
-        self._save(key, out)
+        self._save(key, out, codec)
         return out
 
     @staticmethod
@@ -158,30 +195,35 @@ class SignalCache:
         name = h.hexdigest()
         return spill / name[:2] / name
 
-    def _load(self, key: tuple[Hashable, str, tuple[str, ...]]) -> Tensor | None:
-        """The spilled tensor of ``key``, or None (none, or damaged: quarantined beside the cache, recomputed)."""
+    def _load(self, key: tuple[Hashable, str, tuple[str, ...]], codec: Codec) -> Any:
+        """The spilled result of ``key``, or None (none, or damaged: quarantined beside the cache, recomputed)."""
         if self.spill is None:
             return None
+        n = len(key[2])
 
-        def decode(tensors: dict[str, Tensor], meta: dict[str, Any]) -> Tensor:
-            t = tensors["signal"]
-            if meta.get("version") != SPILL_VERSION or meta.get("n") != len(key[2]) or t.shape[:1] != (len(key[2]),):
-                raise ValueError(f"a spilled signal of another layout: {meta}, shape {tuple(t.shape)}")
-            return t
+        def decode(tensors: dict[str, Tensor], meta: dict[str, Any]) -> Any:
+            # entries of the first spill format carry no codec name: one tensor per candidate
+            if (
+                meta.get("version") != SPILL_VERSION
+                or meta.get("n") != n
+                or meta.get("codec", PER_CANDIDATE.name) != codec.name
+            ):
+                raise ValueError(f"a spilled signal of another layout: {meta}")
+            return codec.decode(tensors, meta.get("layout"), n)
 
         stem = self._stem(self.spill, key)
         return cachefile.load(stem, decode, quarantine_dir=cachefile.quarantine_for(self.spill))
 
-    def _save(self, key: tuple[Hashable, str, tuple[str, ...]], out: Any) -> None:
-        """Spill a one-CPU-tensor result (one per candidate along dim 0); a failed write warns and costs only a
-        recomputation later."""
-        one_per_candidate = isinstance(out, Tensor) and out.device.type == "cpu" and out.shape[:1] == (len(key[2]),)
-        if self.spill is None or not one_per_candidate:
+    def _save(self, key: tuple[Hashable, str, tuple[str, ...]], out: Any, codec: Codec) -> None:
+        """Spill a result ``codec`` can write; a failed write warns and costs only a recomputation later."""
+        if self.spill is None or (encoded := codec.encode(out, len(key[2]))) is None:
             return
+        tensors, layout = encoded
         stem = self._stem(self.spill, key)
-        meta = {"version": SPILL_VERSION, "kind": repr(key[0]), "model": key[1], "n": len(key[2])}
+        meta = {"version": SPILL_VERSION, "codec": codec.name, "layout": layout, "kind": repr(key[0])}
+        meta.update(model=key[1], n=len(key[2]))
         try:
-            cachefile.save(stem, {"signal": out.detach().contiguous()}, meta)
+            cachefile.save(stem, tensors, meta)
         except (OSError, ValueError, TypeError) as e:
             print(f"warning: signal not spilled to {stem}: {type(e).__name__}: {e}", file=sys.stderr)  # noqa: T201
         else:
@@ -213,10 +255,15 @@ def spilled_share(path: Path) -> float:
 
 
 def cached(
-    cache: SignalCache | None, kind: Hashable, model: nn.Module, items: Sequence[Any], compute: Callable[[], Any]
+    cache: SignalCache | None,
+    kind: Hashable,
+    model: nn.Module,
+    items: Sequence[Any],
+    compute: Callable[[], Any],
+    codec: Codec = PER_CANDIDATE,
 ) -> Any:
     """``cache.get(...)``, or ``compute()`` when there is no cache."""
-    return compute() if cache is None else cache.get(kind, model, items, compute)
+    return compute() if cache is None else cache.get(kind, model, items, compute, codec)
 
 
 _CURRENT: dict[str, Any] = {"group": None, "cache": None}

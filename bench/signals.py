@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
 from .progress import progress
-from .signal_cache import SignalCache, cached
+from .signal_cache import Codec, SignalCache, cached
 from .types import TaskAPI
 
 INF = math.inf
@@ -138,6 +138,43 @@ class PartSignals:
     entropy: dict[float, Tensor] = field(default_factory=dict)  # alpha -> [N, T]
     target_logprob: Tensor | None = None  # [N, T] log p(target) (None for target-free slices)
     mod_entropy: dict[float, Tensor] = field(default_factory=dict)  # alpha -> [N, T] (targets only)
+
+
+def _encode_parts(out: Any, n: int) -> tuple[dict[str, Tensor], list] | None:
+    """:func:`token_signals`' result as flat tensors ``<part index>/<field>`` and a layout naming the parts and the
+    Rényi orders in order (JSON keeps floats and inf exactly); None for anything else (not spilled)."""
+    if not isinstance(out, dict) or not all(isinstance(ps, PartSignals) for ps in out.values()):
+        return None
+    tensors: dict[str, Tensor] = {}
+    layout = []
+    for i, (part, ps) in enumerate(out.items()):
+        fields = {"mask": ps.mask, **{f"H{j}": t for j, t in enumerate(ps.entropy.values())}}
+        fields.update({f"M{j}": t for j, t in enumerate(ps.mod_entropy.values())})
+        if ps.target_logprob is not None:
+            fields["logprob"] = ps.target_logprob
+        if any(t.device.type != "cpu" or t.shape[:1] != (n,) for t in fields.values()):
+            return None
+        tensors.update({f"{i}/{k}": t.contiguous() for k, t in fields.items()})
+        layout.append([part, list(ps.entropy), list(ps.mod_entropy), ps.target_logprob is not None])
+    return tensors, layout
+
+
+def _decode_parts(tensors: dict[str, Tensor], layout: list, n: int) -> dict[str, PartSignals]:
+    out = {}
+    for i, (part, alphas, mod_alphas, has_target) in enumerate(layout):
+        ps = PartSignals(
+            mask=tensors[f"{i}/mask"], entropy={float(a): tensors[f"{i}/H{j}"] for j, a in enumerate(alphas)}
+        )
+        ps.mod_entropy = {float(a): tensors[f"{i}/M{j}"] for j, a in enumerate(mod_alphas)}
+        ps.target_logprob = tensors[f"{i}/logprob"] if has_target else None
+        if ps.mask.shape[:1] != (n,):
+            raise ValueError(f"spilled per-token signals of {ps.mask.shape[0]} candidates, not {n}")
+        out[str(part)] = ps
+    return out
+
+
+# [N, T] per-token statistics per slice: spilled like losses, so a killed MaxRényi cell resumes from its passes
+PARTS_CODEC = Codec("part_signals", _encode_parts, _decode_parts)
 
 
 @contextlib.contextmanager
@@ -426,7 +463,7 @@ def token_signals(
             desc=desc,
         )
 
-    return cached(cache, kind, model, items, compute)
+    return cached(cache, kind, model, items, compute, PARTS_CODEC)
 
 
 def _token_signals(

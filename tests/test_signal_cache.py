@@ -188,6 +188,46 @@ def test_only_one_cpu_tensor_per_candidate_is_spilled(tmp_path):
     assert not list(tmp_path.glob("quarantine"))
 
 
+def test_maxrenyis_per_token_statistics_are_spilled_and_read_back_bit_identical(tmp_path):
+    model, cands = TinyLM(), items(12, 0)
+    attack = MaxRenyi(batch_size=4)
+    first_cache = SignalCache(tmp_path / "signals")
+    first = attack.run(observe(model, first_cache), cands)
+
+    again_cache = SignalCache(tmp_path / "signals")  # the cell run again after a kill, or another worker
+    again = attack.run(observe(TinyLM(), again_cache), cands)
+
+    assert first_cache.misses >= 1 and again_cache.loaded == first_cache.misses and again_cache.misses == 0
+    for name, s in first.scores.items():
+        assert torch.equal(torch.as_tensor(again.scores[name]), torch.as_tensor(s)), name
+
+
+def test_per_token_statistics_keep_every_slice_order_and_field(tmp_path):
+    from bench.signals import PARTS_CODEC, PartSignals
+
+    mask = torch.tensor([[True, True], [True, False]])
+    out = {
+        "image": PartSignals(mask=mask, entropy={0.5: torch.ones(2, 2), float("inf"): torch.zeros(2, 2)}),
+        "text": PartSignals(
+            mask=mask,
+            entropy={2: torch.full((2, 2), 3.0)},
+            target_logprob=-torch.ones(2, 2),
+            mod_entropy={1: mask * 1.0},
+        ),
+    }
+    model = nn.Linear(2, 1)
+    SignalCache(tmp_path).get("tokens", model, [1, 2], lambda: out, PARTS_CODEC)
+
+    back = SignalCache(tmp_path).get("tokens", model, [1, 2], lambda: pytest.fail("recomputed"), PARTS_CODEC)
+
+    assert list(back) == ["image", "text"] and list(back["image"].entropy) == [0.5, float("inf")]
+    assert back["image"].target_logprob is None and back["image"].mod_entropy == {}
+    assert torch.equal(back["text"].mask, mask) and back["text"].mask.dtype == torch.bool
+    assert torch.equal(back["text"].entropy[2], out["text"].entropy[2])
+    assert torch.equal(back["text"].target_logprob, out["text"].target_logprob)
+    assert torch.equal(back["text"].mod_entropy[1], out["text"].mod_entropy[1])
+
+
 def test_a_damaged_spilled_signal_is_quarantined_and_recomputed(tmp_path):
     model, items = nn.Linear(2, 1), [1, 2]
     SignalCache(tmp_path / "cache" / "signals").get("loss", model, items, lambda: torch.zeros(2))
