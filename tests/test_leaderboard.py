@@ -317,6 +317,23 @@ def test_the_cells_table_shows_what_an_attack_said_about_its_run(tmp_path):
     assert df.attack_notes.tolist() == ["client optimiser adam: the update is ~lr x sign(g); second", ""]
 
 
+def test_a_defense_keeps_its_colour_in_every_tradeoff_panel(tmp_path, monkeypatch):
+    from bench.report import charts
+
+    figs = []
+    monkeypatch.setattr(charts, "save_figure", lambda fig, path: figs.append(fig) or str(path))
+    pt = {"x": 1.0, "y": 0.6, "xlo": 0.9, "xhi": 1.1, "ylo": 0.5, "yhi": 0.7}
+    panels = [
+        {"points": [dict(pt, label=d) for d in ds], "title": t, "ref": 0.5, "xlabel": "u", "ylabel": "AUROC"}
+        for t, ds in (("a", ["lora", "mp_lora"]), ("b", ["smp_lora", "lora"]))
+    ]
+
+    charts.save_tradeoff(panels, tmp_path / "t.png", title="t")
+
+    colours = [{c.get_label(): c.lines[0].get_color() for c in ax.containers} for ax in figs[0].axes[:2]]
+    assert colours[0]["lora"] == colours[1]["lora"] and len({*colours[0].values(), *colours[1].values()}) == 3
+
+
 def test_plots_cover_roc_tradeoff_ssim_communication_and_epsilon(tmp_path):
     from defenses.dp_gaussian import DPGaussian
 

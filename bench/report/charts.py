@@ -64,15 +64,31 @@ def save_tradeoff(panels: list[dict], path: Path, *, title: str = "") -> str:
     n = len(panels)
     cols = min(3, n)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.8 * rows), squeeze=False)
+    height = 3.8 * rows
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, height), squeeze=False)
+    # margins in inches (a fraction of the height would shrink under the title as rows are added)
     fig.subplots_adjust(
-        left=0.08 / cols**0.5, right=0.98, bottom=0.12 / rows, top=1 - 0.12 / rows, wspace=0.3, hspace=0.45
+        left=0.85 / (4.6 * cols), right=0.98, bottom=0.5 / height, top=1 - 0.75 / height, wspace=0.3, hspace=0.45
     )
+    # one colour per defense in every panel (a panel's own order gave lora blue in one, orange in the next)
+    labels = sorted({pt["label"] for p in panels for pt in p["points"]})
+    palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
+    colour = {lab: palette(i % palette.N) for i, lab in enumerate(labels)}
     for ax, p in zip(axes.flat, panels):
         for pt in p["points"]:
             xerr = [[pt["x"] - pt["xlo"]], [pt["xhi"] - pt["x"]]] if not math.isnan(pt["xlo"]) else None
             yerr = [[pt["y"] - pt["ylo"]], [pt["yhi"] - pt["y"]]] if not math.isnan(pt["ylo"]) else None
-            ax.errorbar(pt["x"], pt["y"], xerr=xerr, yerr=yerr, fmt="o", ms=4, capsize=2, label=pt["label"])
+            ax.errorbar(
+                pt["x"],
+                pt["y"],
+                xerr=xerr,
+                yerr=yerr,
+                fmt="o",
+                ms=4,
+                capsize=2,
+                label=pt["label"],
+                color=colour[pt["label"]],
+            )
             ax.annotate(pt["label"], (pt["x"], pt["y"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
         if p.get("ref") is not None:
             ax.axhline(p["ref"], color="k", ls=":", lw=0.8)
@@ -82,7 +98,7 @@ def save_tradeoff(panels: list[dict], path: Path, *, title: str = "") -> str:
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     if title:
-        fig.suptitle(title, fontsize=9)
+        fig.suptitle(title, fontsize=9, y=1 - 0.2 / height)
     return save_figure(fig, path)
 
 
