@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter  # noqa: E402
 
 from ..figures import save_figure  # noqa: E402
 
@@ -161,6 +161,8 @@ def save_curves(
     if logy:
         ax.set_yscale("log")
         plain_log_ticks(ax, "y")
+    if all(float(v).is_integer() for x, _ in series.values() for v in x):  # rounds: no tick at round 1.5
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
