@@ -302,6 +302,17 @@ def test_leaderboard_is_byte_identical_from_the_same_records(tmp_path):
     assert "Cross-matrix" in md and "Distribution-shift check" in md and "client exploded" not in md.split("Failed")[0]
 
 
+def test_a_one_seed_utility_is_shown_in_the_format_of_an_interval_row(tmp_path):
+    recs = [rec(defense="fedavg", seed=s, utility={"fid_x": 131.5 + s}) for s in range(2)]
+    recs.append(rec(defense="flrsp", utility={"fid_x": 133.1}))  # one seed: no interval
+    write(tmp_path / "run", recs)
+
+    write_leaderboards(tmp_path / "run", tmp_path / "lb")
+
+    row = next(line for line in (tmp_path / "lb" / "sc.md").read_text().splitlines() if "| flrsp " in line)
+    assert "| 133.100 " in row  # not "133.1" beside fedavg's "132.000 [...]"
+
+
 def test_the_cells_table_shows_what_an_attack_said_about_its_run(tmp_path):
     from bench.report.tables import cells_table
 

@@ -134,7 +134,8 @@ def display(table: pd.DataFrame, meta: list[dict], *, which: str = "all") -> tup
         for c in util:
             v = _num(r.get(c))
             lo, hi = _num(r.get(f"{c}.ci_low")), _num(r.get(f"{c}.ci_high"))
-            txt = "" if v is None else (Estimate(v, lo, hi).fmt() if lo is not None and hi is not None else f"{v:.4g}")
+            # one seed: the point value in the same format as an interval's centre (was 4 significant digits)
+            txt = "" if v is None else Estimate(v, math.nan if lo is None else lo, math.nan if hi is None else hi).fmt()
             cells.append(Shown(txt, v))
         if which != "secondary":
             for c in eps:
