@@ -22,7 +22,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from .signal_cache import SignalCache, cached
+from .signal_cache import Codec, SignalCache, cached
 from .signals import batches, eval_mode, length_sorted
 from .types import Observation, TaskAPI
 
@@ -109,6 +109,27 @@ class _LossOf(nn.Module):
         return loss_matrix(self.api, self.model, batch, self.timesteps).mean(1)
 
 
+def _encode_norms(out: Any, n: int) -> tuple[dict[str, Tensor], list[str]] | None:
+    """(norms [N, L], the L tensor names) of :func:`per_sample_grad_norms` as one tensor and its names."""
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], list)):
+        return None
+    t, names = out
+    if not isinstance(t, Tensor) or t.device.type != "cpu" or t.shape[:1] != (n,) or t.shape[1:] != (len(names),):
+        return None
+    return {"signal": t.contiguous()}, [str(x) for x in names]
+
+
+def _decode_norms(tensors: dict[str, Tensor], names: list[str], n: int) -> tuple[Tensor, list[str]]:
+    t = tensors["signal"]
+    if t.shape != (n, len(names)):
+        raise ValueError(f"spilled gradient norms of shape {tuple(t.shape)} for {n} candidates x {len(names)} tensors")
+    return t, list(names)
+
+
+# per-sample gradient norms with their tensor names: spilled like losses (a killed gradient-MIA cell resumes)
+GRAD_NORMS_CODEC = Codec("grad_norms", _encode_norms, _decode_norms)
+
+
 _VMAP_FAILED: set[type] = set()  # model classes torch.func.vmap could not batch in this process
 
 
@@ -172,7 +193,7 @@ def per_sample_grad_norms(
             )
 
     kind = ("grad_norms", tuple(int(t) for t in timesteps), batch_size, use_vmap, memory_mb, seed)
-    return cached(cache if seed is not None else None, kind, model, items, compute)
+    return cached(cache if seed is not None else None, kind, model, items, compute, GRAD_NORMS_CODEC)
 
 
 def _per_sample_grad_norms(

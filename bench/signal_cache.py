@@ -7,8 +7,9 @@ the others reuse them. Keys are content hashes, never object identities: the mod
 (every parameter and buffer), a candidate's key its tensors / values, so a changed model or item is never
 served a stale signal. Only reductions are kept (per-token statistics, not logits). In memory:
 :func:`group_cache` keeps the current group's cache and drops it when the next group starts. On disk (with a
-``spill`` folder, the harness's ``<cache>/signals``): every signal its :class:`Codec` can write (one CPU tensor
-per candidate: losses, gradient norms; MaxRényi's per-token statistics through bench.signals' codec) is also
+``spill`` folder, the harness's ``<cache>/signals``): every signal its :class:`Codec` can write (losses: one CPU
+tensor per candidate; gradient norms and MaxRényi's per-token statistics through the codecs of bench.loss_signals
+and bench.signals) is also
 written as a checksummed safetensors entry (bench/cachefile.py, no pickle), so a cell killed part-way
 ([RMIA]'s client cell on vlm-caption scores ~40 model passes in ~1 h) resumes from its finished passes, and
 another worker or node sharing ``--out`` reads them instead of recomputing.

@@ -188,9 +188,11 @@ def test_only_one_cpu_tensor_per_candidate_is_spilled(tmp_path):
     assert not list(tmp_path.glob("quarantine"))
 
 
-def test_maxrenyis_per_token_statistics_are_spilled_and_read_back_bit_identical(tmp_path):
+@pytest.mark.parametrize(
+    "attack", [MaxRenyi(batch_size=4), GradientMIA(n_estimators=5)], ids=["per_token_statistics", "gradient_norms"]
+)
+def test_structured_signals_are_spilled_and_read_back_bit_identical(tmp_path, attack):
     model, cands = TinyLM(), items(12, 0)
-    attack = MaxRenyi(batch_size=4)
     first_cache = SignalCache(tmp_path / "signals")
     first = attack.run(observe(model, first_cache), cands)
 
