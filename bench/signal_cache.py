@@ -9,10 +9,9 @@ served a stale signal. Only reductions are kept (per-token statistics, not logit
 :func:`group_cache` keeps the current group's cache and drops it when the next group starts. On disk (with a
 ``spill`` folder, the harness's ``<cache>/signals``): every signal its :class:`Codec` can write (losses: one CPU
 tensor per candidate; gradient norms and MaxRényi's per-token statistics through the codecs of bench.loss_signals
-and bench.signals) is also
-written as a checksummed safetensors entry (bench/cachefile.py, no pickle), so a cell killed part-way
-([RMIA]'s client cell on vlm-caption scores ~40 model passes in ~1 h) resumes from its finished passes, and
-another worker or node sharing ``--out`` reads them instead of recomputing.
+and bench.signals) is also written as a checksummed safetensors entry (bench/cachefile.py, no pickle), so a cell
+killed part-way ([RMIA]'s client cell on vlm-caption scores ~40 model passes in ~1 h) resumes from its finished
+passes, and another worker or node sharing ``--out`` reads them instead of recomputing.
 """
 
 from __future__ import annotations
@@ -116,13 +115,13 @@ def _decode_one_tensor(tensors: dict[str, Tensor], layout: Any, n: int) -> Tenso
     return t
 
 
-# one CPU tensor with one row per candidate (losses, per-sample gradient norms): the default
+# one CPU tensor with one row per candidate (per-sample losses): the default
 PER_CANDIDATE = Codec("per_candidate", _encode_one_tensor, _decode_one_tensor)
 
 
 class SignalCache:
     """Signal results by (signal kind, model state hash, the candidates' hashes in order): in memory, and with a
-    ``spill`` folder on disk too (one CPU tensor results only; see the module docstring).
+    ``spill`` folder on disk too (the results its :class:`Codec` can write; see the module docstring).
 
     A whole call is the unit (not a single candidate): a batched forward pass can differ in the last bits
     with the batch's composition (padding, GEMM blocking) and seeded randomness (diffusion noise) is drawn
