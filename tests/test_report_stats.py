@@ -314,6 +314,22 @@ def test_a_collapsed_row_is_never_in_the_best_group_and_is_marked(tmp_path):
     assert t.loc["fedavg", "utility_collapse"] == ""
 
 
+def test_an_fid_named_by_its_feature_extractor_is_checked_for_collapse(tmp_path):
+    res = write(
+        tmp_path,
+        [
+            rec(defense="fedavg", strength=2.0, utility={"fid_effnetlite0": 130.0, "fid_effnetlite0_std": 1.0}),
+            rec(defense="dp", label="dp(eps=1)", strength=0.0, utility={"fid_effnetlite0": 420.0}),
+            rec(defense="flrsp", label="flrsp(R=0.8)", strength=0.05, utility={"fid_effnetlite0": 133.0}),
+        ],
+    )
+
+    t = scenario_table(res, "sc")[0].set_index("defense")
+
+    assert "FID 420 > 3x baseline 130" in t.loc["dp(eps=1)", "utility_collapse"]
+    assert t.loc["flrsp(R=0.8)", "utility_collapse"] == "" and t.loc["fedavg", "utility_collapse"] == ""
+
+
 def test_markdown_escapes_record_strings_and_shows_epsilon_without_amplification(tmp_path):
     priv = {
         "epsilon": 1.0,

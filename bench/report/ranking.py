@@ -61,6 +61,17 @@ def _num(v: Any) -> float:
         return math.nan
 
 
+def _utility(row: pd.Series | None, name: str) -> float:
+    """A row's utility ``name``, also under a key that names how it was measured (``utility.fid_effnetlite0`` for
+    ``fid``: looking for ``utility.fid`` alone never found ldm-t2i's FID); NaN when absent."""
+    if row is None:
+        return math.nan
+    keys = [f"utility.{name}"] + sorted(
+        k for k in row.index if k.startswith(f"utility.{name}_") and not k.endswith((".ci_low", ".ci_high", "_std"))
+    )
+    return next((v for v in (_num(row.get(k)) for k in keys) if not math.isnan(v)), math.nan)
+
+
 def collapse_reason(row: pd.Series, ref: pd.Series | None, num_classes: float) -> str:
     """Why a row's utility has collapsed, or "" (see ``COLLAPSE``)."""
     ppl = _num(row.get("utility.perplexity"))
@@ -77,8 +88,7 @@ def collapse_reason(row: pd.Series, ref: pd.Series | None, num_classes: float) -
         and abs(acc - 1 / num_classes) <= CHANCE_MARGIN
     ):
         return f"accuracy {acc:.3f} within {CHANCE_MARGIN} of chance {1 / num_classes:.3f}"
-    fid = _num(row.get("utility.fid"))
-    ref_fid = _num(ref.get("utility.fid")) if ref is not None else math.nan
+    fid, ref_fid = _utility(row, "fid"), _utility(ref, "fid")
     if not math.isnan(fid) and not math.isnan(ref_fid) and fid > FID_FACTOR * ref_fid:
         return f"FID {fid:.3g} > {FID_FACTOR:g}x baseline {ref_fid:.3g}"
     return ""
