@@ -22,7 +22,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from .signal_cache import Codec, SignalCache, cached
+from .signal_cache import PER_CANDIDATE, Codec, SignalCache, cached
 from .signals import batches, eval_mode, length_sorted
 from .types import Observation, TaskAPI
 
@@ -110,19 +110,21 @@ class _LossOf(nn.Module):
 
 
 def _encode_norms(out: Any, n: int) -> tuple[dict[str, Tensor], list[str]] | None:
-    """(norms [N, L], the L tensor names) of :func:`per_sample_grad_norms` as one tensor and its names."""
+    """(norms [N, L], the L tensor names) of :func:`per_sample_grad_norms`: the per-candidate tensor as
+    :data:`PER_CANDIDATE` writes it, the names as its layout."""
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], list)):
         return None
     t, names = out
-    if not isinstance(t, Tensor) or t.device.type != "cpu" or t.shape[:1] != (n,) or t.shape[1:] != (len(names),):
+    encoded = PER_CANDIDATE.encode(t, n)
+    if encoded is None or t.shape[1:] != (len(names),):
         return None
-    return {"signal": t.contiguous()}, [str(x) for x in names]
+    return encoded[0], [str(x) for x in names]
 
 
 def _decode_norms(tensors: dict[str, Tensor], names: list[str], n: int) -> tuple[Tensor, list[str]]:
-    t = tensors["signal"]
-    if t.shape != (n, len(names)):
-        raise ValueError(f"spilled gradient norms of shape {tuple(t.shape)} for {n} candidates x {len(names)} tensors")
+    t = PER_CANDIDATE.decode(tensors, None, n)
+    if t.shape[1:] != (len(names),):
+        raise ValueError(f"spilled gradient norms of shape {tuple(t.shape)} for {len(names)} tensors")
     return t, list(names)
 
 
