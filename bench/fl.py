@@ -24,6 +24,13 @@ from .progress import nested, progress, resumed
 from .run_state import new_run
 from .types import ClientState, Defense, FLConfig, Message, RoundCtx, n_items
 
+
+class TrainingDiverged(FloatingPointError):
+    """Training produced a non-finite loss or global model: an outcome of the defense and recipe at their budget
+    (e.g. DP noise far above the clipped update), recorded as a diverged run (a failed record with
+    ``failure: "diverged"``), not as a fault of the harness."""
+
+
 # ----------------------------------------------------------------------------------------------
 # data splits
 
@@ -134,7 +141,7 @@ def local_train(
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model, batch)
             if not torch.isfinite(loss):
-                raise FloatingPointError(
+                raise TrainingDiverged(
                     f"training diverged: client {state.client}, round {ctx.round + 1} of {ctx.rounds}, local step "
                     f"{steps + 1}: non-finite training loss {loss.item()}"
                 )
@@ -371,7 +378,7 @@ def run_federated(
             }
         for n, t in global_state.items():
             if not torch.isfinite(t).all():
-                raise FloatingPointError(f"training diverged: round {r + 1} of {fl.rounds}: non-finite global {n}")
+                raise TrainingDiverged(f"training diverged: round {r + 1} of {fl.rounds}: non-finite global {n}")
         if checkpoint is not None and checkpoint.due(last=r + 1 == fl.rounds):
             state = dict(global_state=global_state, global_buffers=global_buffers, privates=privates, latest=latest)
             state.update(transcript=transcript, bytes_down=bytes_down, logs=logs, run_state=run.state, kind="round")

@@ -163,7 +163,7 @@ def run(
         wb.grow(sum(estimator.cell_cost(c) for c in again))
         return again
 
-    def unblock(key: str, failure: str | None, traceback_: str = "") -> None:
+    def unblock(key: str, failure: str | None, traceback_: str = "", kind: str = "error") -> None:
         """Unit ``key`` finished: fan out the cells it was the last to hold back, or fail its cells."""
         for entry in blocked.pop(key, []):
             if entry["failed"]:
@@ -174,7 +174,7 @@ def run(
                     continue
                 for c in entry["cells"]:
                     skel = c.skeleton()
-                    write_failed(store, skel, failure, traceback=traceback_)
+                    write_failed(store, skel, failure, traceback=traceback_, failure=kind)
                     summary.fail(skel, failure)
                     wb.move(estimate(c))  # what the plan counted
                 continue
@@ -302,11 +302,22 @@ def run(
                     summary.trained += unit.kind == "train"
                     what = "training failed" if unit.kind == "train" else f"reference run {unit.ref_index} failed"
                     ok = res["status"] == "ok"
-                    unblock(unit.key, None if ok else f"{what}: {res['reason']}", res.get("traceback", ""))
+                    unblock(
+                        unit.key,
+                        None if ok else f"{what}: {res['reason']}",
+                        res.get("traceback", ""),
+                        res.get("failure") or "error",
+                    )
                     continue
                 assert unit.skeleton is not None and unit.attack is not None  # a cell unit
                 if not res.get("written"):
-                    write_failed(store, unit.skeleton, res["reason"], traceback=res.get("traceback", ""))
+                    write_failed(
+                        store,
+                        unit.skeleton,
+                        res["reason"],
+                        traceback=res.get("traceback", ""),
+                        failure=res.get("failure") or "error",
+                    )
                 if res["status"] == "failed":
                     summary.fail(unit.skeleton, res["reason"])
                 else:

@@ -38,7 +38,10 @@ SCHEMA_VERSION = 1
 # left out of its ``attack_wall_s``).
 # Revision 11: membership ``cost.signals_loaded`` (those of ``signals_reused`` read back from ``cache/signals``, e.g.
 # by a cell resumed after a kill: its ``attack_wall_s`` covers only the passes it computed, bench.costs).
-SCHEMA_REVISION = 11
+# Revision 12: a failed record's ``failure``: ``diverged`` (training under the defense produced non-finite values,
+# bench.fl.TrainingDiverged: the defense's outcome at its budget, shown as `diverged`) or ``error``.
+SCHEMA_REVISION = 12
+FAILURES = ("diverged", "error")
 STATUSES = ("ok", "n/a", "failed")
 VIEWS = ("global_model", "client_model", "client_update", "released_model")
 
@@ -151,6 +154,7 @@ class Record(_Open):
     view: Literal[VIEWS]  # type: ignore[valid-type]
     status: Literal[STATUSES]  # type: ignore[valid-type]
     reason: StrictStr | None = None
+    failure: Literal[FAILURES] | None = None  # type: ignore[valid-type]  # of a failed record (revision 12)
     metrics: dict[str, Metric] = {}
     variants: dict[str, dict[str, Finite]] = {}
     roc: Roc | None = None
@@ -179,6 +183,10 @@ class Record(_Open):
     def _by_status(self) -> Record:
         if self.status != "ok" and not (self.reason or "").strip():
             raise ValueError(f"status {self.status!r} needs a reason")
+        if self.failure is not None and self.status != "failed":
+            raise ValueError(
+                f"failure {self.failure!r} on a record of status {self.status!r} (only a failed one has it)"
+            )
         if self.status == "ok":
             if not self.metrics:
                 raise ValueError("status 'ok' needs metrics")

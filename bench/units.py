@@ -149,6 +149,14 @@ def failure_reason(e: BaseException) -> tuple[str, bool]:
     return f"{type(e).__name__}: {e}", False
 
 
+def failure_kind(e: BaseException) -> str:
+    """A failed record's ``failure`` (schema revision 12): ``diverged`` when training under the defense produced
+    non-finite values (bench.fl.TrainingDiverged: the defense's outcome at its budget), else ``error``."""
+    from .fl import TrainingDiverged
+
+    return "diverged" if isinstance(e, TrainingDiverged) else "error"
+
+
 def execute_unit(unit: Unit) -> dict:
     """Run one unit where it landed; a cell writes its own record (atomically). Never raises but for
     KeyboardInterrupt: any other BaseException (SystemExit included) becomes a failed outcome."""
@@ -187,6 +195,7 @@ def execute_unit(unit: Unit) -> dict:
             **base,
             "status": "failed",
             "reason": reason,
+            "failure": failure_kind(e),
             "traceback": traceback.format_exc(limit=8),
             "wall_s": time.time() - t0,
             "restart": restart,
@@ -194,7 +203,7 @@ def execute_unit(unit: Unit) -> dict:
         }
         if unit.kind == "cell" and unit.skeleton is not None:
             try:
-                write_failed(Store(out), unit.skeleton, reason, traceback=res["traceback"])
+                write_failed(Store(out), unit.skeleton, reason, traceback=res["traceback"], failure=res["failure"])
                 res["written"] = True
             except Exception:  # noqa: BLE001 - the parent writes it then
                 pass
@@ -229,7 +238,7 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
         raise
     except BaseException as e:
         reason, restart = failure_reason(e)
-        rec.update(status="failed", reason=reason, traceback=traceback.format_exc(limit=8))
+        rec.update(status="failed", reason=reason, failure=failure_kind(e), traceback=traceback.format_exc(limit=8))
     prep = cachefile.locked_s() - locked0
     rec["cost"] = {**_costs(train, defense), "attack_wall_s": max(0.0, time.time() - t1 - prep), "preparation_s": prep}
     if cell.attack.kind == "membership":  # how much of its signal work earlier cells had done (bench.runplan)
@@ -257,6 +266,7 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
             **unit.skeleton,
             "status": "failed",
             "reason": f"record not written: {e}",
+            "failure": "error",
             "cost": {"attack_wall_s": rec["cost"]["attack_wall_s"]},
         }
         store.write(rec)
@@ -265,13 +275,14 @@ def _execute_cell(unit: Unit, task: Task, out: Path) -> dict:
     return {
         "status": rec["status"],
         "reason": rec.get("reason", ""),
+        "failure": rec.get("failure", ""),
         "wall_s": rec["cost"]["attack_wall_s"],
         "restart": restart,
         "written": True,
     }
 
 
-def write_failed(store: Store, skeleton: dict, reason: str, *, traceback: str = "") -> None:
+def write_failed(store: Store, skeleton: dict, reason: str, *, traceback: str = "", failure: str = "error") -> None:
     """A failed record for a cell whose worker could not write one (timeout, crash, failed training); it replaces
     a finished record only one older than the unit (a stale or --redo-before record), as a failure inside the
     worker does, so the next run retries the cell."""
@@ -280,7 +291,15 @@ def write_failed(store: Store, skeleton: dict, reason: str, *, traceback: str = 
     since = started(skeleton)
     if store.finished(skeleton["scenario"], skeleton["cell_id"], accept=lambda rec: started(rec) >= since):
         return  # the worker finished it before it was stopped
-    rec = {**skeleton, "status": "failed", "reason": reason, "cost": {}, "utility": {}, "privacy": {}}
+    rec = {
+        **skeleton,
+        "status": "failed",
+        "reason": reason,
+        "failure": failure,
+        "cost": {},
+        "utility": {},
+        "privacy": {},
+    }
     if traceback:
         rec["traceback"] = traceback
     store.write(rec)

@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from bench.fl import current, load_state, loader, train_mode, trainable
+from bench.fl import TrainingDiverged, current, load_state, loader, train_mode, trainable
 from bench.progress import nested, resumed
 from bench.types import ClientState, Message, RoundCtx, TaskSpec, n_items
 
@@ -75,7 +75,9 @@ def lora_loop(
             logs = dict(before_step(step)) if before_step is not None else {}
             loss, more = objective(model, batch)
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite training objective {float(loss.detach())} at step {step}")
+                raise TrainingDiverged(
+                    f"training diverged: non-finite training objective {float(loss.detach())} at step {step}"
+                )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             logs.update(more)

@@ -23,7 +23,7 @@ import torch
 
 from bench import training
 from bench.cli import main
-from bench.fl import run_federated
+from bench.fl import TrainingDiverged, run_federated
 from bench.runner import plan, run
 from bench.store import Store
 from bench.types import Attack, Reconstructions
@@ -789,5 +789,5 @@ def _planned(scenario: str, defenses: str, attacks: str) -> int:
 def test_a_diverging_training_says_where_it_diverged():
     task = toy_task(lr=1e30)  # SGD at this step size overflows within the first steps
 
-    with pytest.raises(FloatingPointError, match=r"training diverged: client \d, round 1 of 2, local step \d+"):
+    with pytest.raises(TrainingDiverged, match=r"training diverged: client \d, round 1 of 2, local step \d+"):
         run_federated(task, FedAvg(), 0)

@@ -193,13 +193,14 @@ def test_table_marks_best_group_and_comparison_with_the_baseline(tmp_path):
 
 
 def test_a_within_run_spread_is_not_a_utility_column(tmp_path):
-    utility = {"kid_effnetlite0": 0.1, "kid_effnetlite0_std": 2.8e-16}  # KID's spread over one whole-set subset
+    # KID's spread over one whole-set subset, and the number of images FID / KID were computed on
+    utility = {"kid_effnetlite0": 0.1, "kid_effnetlite0_std": 2.8e-16, "n_generated": 96.0}
     res = write(tmp_path, [rec(defense="fedavg", strength=2.5, seed=s, utility=utility) for s in range(2)])
 
     table, _ = scenario_table(res, "sc")
 
     assert "utility.kid_effnetlite0" in table.columns
-    assert not [c for c in table.columns if c.startswith("utility.kid_effnetlite0_std")]
+    assert not [c for c in table.columns if c.startswith(("utility.kid_effnetlite0_std", "utility.n_generated"))]
 
 
 def test_the_not_reported_note_names_the_columns_when_another_attack_reports_the_metric():

@@ -655,6 +655,30 @@ def test_the_leaderboard_flags_recorded_cells_whose_training_run_failed_to_retra
     assert len(banner) == 1 and banner[0].startswith("> **Training not reproduced: ") and "diverged" in banner[0]
 
 
+def test_a_run_diverging_under_its_defense_is_recorded_and_shown_as_diverged_not_as_a_fault(tmp_path):
+    # arrange: SGD at lr 1e30 overflows in the first steps (a defense's noise far above its update would too)
+    from bench.report.leaderboards import write_leaderboards
+
+    task = toy_task(lr=1e30)
+
+    # act
+    summary = run([task], [FedAvg(), Exploding()], [ToyLossMIA()], [0], tmp_path)
+    write_leaderboards(tmp_path)
+
+    # assert: the diverged run's cells say so (schema revision 12), a fault stays an error, both stay failed
+    recs = [r for r in records(tmp_path) if r["defense"] != "base" and r["status"] != "n/a"]
+    by = {r["defense"]: r for r in recs}
+    assert by["fedavg"]["status"] == "failed" and by["fedavg"]["failure"] == "diverged"
+    assert "TrainingDiverged: training diverged" in by["fedavg"]["reason"]
+    assert by["exploding"]["status"] == "failed" and by["exploding"]["failure"] == "error"
+    assert summary.counts["failed"] == len(recs)
+    md = (tmp_path / "leaderboards" / f"{recs[0]['scenario']}.md").read_text()
+    listed, failed = md.split("## Diverged training runs")[1].split("## Failed cells")
+    assert "fedavg seed 0:" in listed and "exploding" not in listed
+    assert "boom" in failed and "fedavg" not in failed
+    assert "client diverged: training failed: TrainingDiverged: training diverged" in md
+
+
 def _small_run() -> TrainResult:
     return TrainResult(
         global_state={"w": torch.arange(6.0).reshape(2, 3)},

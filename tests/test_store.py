@@ -66,6 +66,8 @@ def test_a_valid_record_passes_and_round_trips(tmp_path):
         ({"metrics": {"auroc": {"value": 0.5, "ci_low": 0.9, "ci_high": 0.1}}}, "ci_low"),
         ({"status": "done"}, "status"),
         ({"status": "failed", "reason": ""}, "needs a reason"),
+        ({"failure": "diverged"}, "only a failed one"),
+        ({"status": "failed", "reason": "x", "failure": "nan"}, "failure"),
         ({"metrics": {}}, "needs metrics"),
         ({"per_candidate": None}, "per_candidate"),
         ({"per_candidate": {"score": [0.1, 0.2], "member": [1]}}, "lengths"),

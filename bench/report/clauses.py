@@ -12,7 +12,7 @@ from typing import Callable
 from .paired import difference, mde
 from .ranking import CHANCE_MARGIN
 from .ranking import PERPLEXITY_FACTOR as PERPLEXITY_COLLAPSE
-from .results import Results
+from .results import Results, is_utility
 from .stats import Estimate, seed_estimate
 
 # "comparable utility": tolerated loss, absolute for accuracy-like metrics in [0, 1], else relative
@@ -48,7 +48,7 @@ def main_utility(res: Results, recs: list[dict]) -> str:
     """The record key of the preferred utility; raises KeyError when the records carry none of them."""
     keys = sorted({k for r in recs for k in (r.get("utility") or {})})
     for u in UTILITY_PREFERENCE:
-        hit = next((k for k in keys if utility_name(k) == u and not k.endswith("_std")), None)
+        hit = next((k for k in keys if utility_name(k) == u and is_utility(k)), None)
         if hit:
             return hit
     raise KeyError(

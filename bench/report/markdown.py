@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..controls import AUROC_MIN, GAP_MIN, SSIM_GAP_MIN
 from .ranking import COLLAPSE
-from .results import UTILITY_ORDER, VIEW_SHORT, Results
+from .results import UTILITY_ORDER, VIEW_SHORT, Results, diverged
 from .stats import Estimate
 
 METRIC_NAMES = {
@@ -388,7 +388,8 @@ def scenario_markdown(
                 f"({len(rvm)} reported numbers map to this scenario).",
                 "",
             ]
-    failed = [r for r in res.records if r["scenario"] == scenario and r["status"] == "failed"]
+    parts += diverged_section(res, scenario)
+    failed = [r for r in res.records if r["scenario"] == scenario and r["status"] == "failed" and not diverged(r)]
     if failed:
         parts += ["## Failed cells", ""]
         parts += [
@@ -401,6 +402,33 @@ def scenario_markdown(
     return "\n".join(parts)
 
 
+def diverged_section(res: Results, scenario: str) -> list[str]:
+    """The training runs that diverged under their defense, one line per (task, defense, seed) with the cells
+    it leaves without a model: the defense's outcome at its budget, listed apart from failed cells."""
+    runs: dict[tuple[str, str, int], list[dict]] = {}
+    for r in res.records:
+        if r["scenario"] == scenario and diverged(r):
+            runs.setdefault((r["task"], r["defense_label"], r["seed"]), []).append(r)
+    if not runs:
+        return []
+    lines = [
+        f"- {md_escape(task)} {md_escape(defense)} seed {seed}: {len(rs)} cell{'s' if len(rs) > 1 else ''} "
+        f"without a model; {md_escape(min(str(r.get('reason') or '') for r in rs))}"
+        for (task, defense, seed), rs in sorted(runs.items())
+    ]
+    return [
+        "## Diverged training runs",
+        "",
+        "Training under these defenses produced a non-finite loss or model (`diverged` in the tables): the "
+        "defense's own utility collapse at this budget, not a fault of the harness. There is no model to attack; "
+        "such a defense stops no attack at a utility worth having. `bench run` retrains them (they fail again "
+        "unless the recipe or the code changed).",
+        "",
+        *lines,
+        "",
+    ]
+
+
 def _counts(values) -> list[tuple[str, int]]:
     out: dict[str, int] = {}
     for v in values:
@@ -410,10 +438,12 @@ def _counts(values) -> list[tuple[str, int]]:
 
 def index_markdown(res: Results, sections: list[dict]) -> str:
     counts = {s: sum(r["status"] == s for r in res.records) for s in ("ok", "n/a", "failed")}
+    n_div = sum(diverged(r) for r in res.records)
+    why = f" ({n_div} of them cells of a training run that diverged under its defense)" if n_div else ""
     parts = [
         "# Leaderboards",
         "",
-        f"{len(res.records)} cells: {counts['ok']} ok, {counts['n/a']} n/a, {counts['failed']} failed. "
+        f"{len(res.records)} cells: {counts['ok']} ok, {counts['n/a']} n/a, {counts['failed']} failed{why}. "
         "Open `index.html` for sortable tables and plots.",
         "",
     ]

@@ -34,6 +34,22 @@ def lower_is_better(utility_key: str) -> bool:
     return any(t in k for t in LOWER_BETTER)
 
 
+def is_utility(key: str) -> bool:
+    """A utility key that measures the model: not a within-run spread (``kid_*_std``, KID over subsets) nor a
+    sample size (``n_generated``): neither is a utility a defense trades privacy for."""
+    return not key.endswith("_std") and not key.startswith("n_")
+
+
+def diverged(rec: dict) -> bool:
+    """A failed record whose training run diverged under its defense (schema revision 12 ``failure``; an older
+    record by its reason, which bench.fl has always worded ``training diverged``)."""
+    if rec.get("status") != "failed":
+        return False
+    if rec.get("failure") is not None:
+        return rec["failure"] == "diverged"
+    return "training diverged" in str(rec.get("reason") or "")
+
+
 # ----------------------------------------------------------------------------------------------
 # records
 

@@ -14,7 +14,7 @@ import pandas as pd
 
 from .audit import row_audit
 from .ranking import rank_columns
-from .results import HEADLINE, VIEW_SHORT, Results, _defense_order, row_key
+from .results import HEADLINE, VIEW_SHORT, Results, _defense_order, diverged, is_utility, row_key
 from .stats import Estimate
 
 FLOAT_FORMAT = "%.6g"
@@ -28,7 +28,7 @@ def _status_text(recs: Sequence[dict]) -> str:
     bad = [r for r in recs if r["status"] != "ok"]
     if not bad:
         return ""
-    st = bad[0]["status"]
+    st = "diverged" if all(diverged(r) for r in bad) else bad[0]["status"]
     seeds = sorted({r["seed"] for r in bad})
     where = "" if len(bad) == len(recs) else f" (seed {','.join(map(str, seeds))})"
     return f"{st}{where}: {bad[0].get('reason') or ''}"
@@ -45,8 +45,8 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
     rows_by = {k: g for k, g in rows_by.items() if any(r["status"] != "n/a" for r in g)}
     live = {(r["attack_label"], r["view"], r["attack_kind"]) for r in recs if r["status"] != "n/a"}
     cols_meta: dict[str, dict] = {}
-    # ``*_std``: a within-run spread (KID over subsets), not a utility; the seed interval is the table's spread
-    util_keys = sorted({k for r in recs for k in (r.get("utility") or {}) if not k.endswith("_std")})
+    # the seed interval is the table's spread; a within-run one or a sample size is no utility column
+    util_keys = sorted({k for r in recs for k in (r.get("utility") or {}) if is_utility(k)})
     table: list[dict] = []
     est: dict[tuple, Estimate] = {}
     cell_recs: dict[tuple, list[dict]] = {}
