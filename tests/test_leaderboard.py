@@ -203,6 +203,29 @@ def test_a_within_run_spread_is_not_a_utility_column(tmp_path):
     assert not [c for c in table.columns if c.startswith(("utility.kid_effnetlite0_std", "utility.n_generated"))]
 
 
+def test_a_diverged_training_run_is_shown_in_its_row_not_left_blank(tmp_path):
+    # arrange: dp_gaussian diverged in every seed, dp_fedlora in seed 2 only (seeds 0-1 have results)
+    from bench.report.markdown import display
+
+    why = "training failed: TrainingDiverged: training diverged: round 3 of 9: non-finite global w"
+    failed = dict(status="failed", reason=why)
+    recs = [rec(defense="fedavg", strength=2.5, seed=s) for s in range(3)]
+    recs += [rec(defense="dp_gaussian", seed=s, utility={}, **failed) for s in range(3)]
+    recs += [rec(defense="dp_fedlora", strength=0.5, seed=s) for s in range(2)]
+    recs += [rec(defense="dp_fedlora", seed=2, utility={}, **failed)]
+    res = write(tmp_path, recs)
+
+    # act
+    header, rows = display(*scenario_table(res, "sc"))
+
+    # assert
+    by = {row[1].text.split(" (")[0]: row for row in rows}
+    accuracy, cell = header.index("accuracy"), header.index("mia/global AUROC")
+    assert by["dp_gaussian"][accuracy].text == "diverged" and by["dp_gaussian"][cell].text == "diverged"
+    assert by["dp_fedlora"][1].text == "dp_fedlora (diverged: seed 2)" and by["dp_fedlora"][accuracy].text != ""
+    assert by["fedavg"][1].text == "fedavg"
+
+
 def test_the_not_reported_note_names_the_columns_when_another_attack_reports_the_metric():
     # arrange: loss reports TPR at 5% FPR in the global view; a failed ref_loss cell has no value at any FPR
     import pandas as pd

@@ -130,12 +130,20 @@ def display(table: pd.DataFrame, meta: list[dict], *, which: str = "all") -> tup
     for _, r in table.iterrows():
         collapse = r.get("utility_collapse")
         defense = r.defense + (" (utility collapse)" if isinstance(collapse, str) and collapse else "")
+        div = r.get("diverged_seeds")
+        div = div if isinstance(div, str) else ""
+        if div and div != r.get("seeds"):  # other seeds have results: the interval leaves these out (shown, not hid)
+            defense += f" (diverged: seed {div.replace(';', ',')})"
         cells = ([Shown(r.preset)] if presets else []) + [Shown(r.task), Shown(defense)]
         for c in util:
             v = _num(r.get(c))
             lo, hi = _num(r.get(f"{c}.ci_low")), _num(r.get(f"{c}.ci_high"))
             # one seed: the point value in the same format as an interval's centre (was 4 significant digits)
-            txt = "" if v is None else Estimate(v, math.nan if lo is None else lo, math.nan if hi is None else hi).fmt()
+            txt = (
+                ("diverged" if div else "")
+                if v is None
+                else Estimate(v, math.nan if lo is None else lo, math.nan if hi is None else hi).fmt()
+            )
             cells.append(Shown(txt, v))
         if which != "secondary":
             for c in eps:
@@ -192,7 +200,8 @@ LEGEND = (
     "comparison cannot tell apart from it; a row whose utility collapsed never is). "
     "\u25bc / \u25b2: significantly less / more leakage than the undefended baseline of the same protocol "
     "(fedavg, fedsgd for FedSGD forms, lora for released models). `(utility collapse)`: " + COLLAPSE + ". "
-    "`n/a`: the pair does not apply; `failed`: the cell raised (reasons in the cross-matrix and the CSV). "
+    "`n/a`: the pair does not apply; `failed`: the cell raised (reasons in the cross-matrix and the CSV); "
+    "`diverged`: the row's training run diverged under its defense, leaving no model (the defense's outcome). "
     "Epsilon claimed / measured lower bound: the composed epsilon (without amplification where recorded) "
     "beside the empirical lower bound of Jagielski et al. 2020 from the strongest membership cell of the row "
     "(Clopper-Pearson, Bonferroni over thresholds and cells, 95%; delta the defense's, else 1e-5); a claim "

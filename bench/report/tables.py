@@ -68,6 +68,8 @@ def scenario_table(res: Results, scenario: str) -> tuple[pd.DataFrame, list[dict
         # seeds with results: an n/a or failed record of another seed adds none
         row["seeds"] = ";".join(map(str, sorted({r["seed"] for r in src})))
         row["n_seeds"] = len({r["seed"] for r in src})
+        # seeds whose training run diverged under the defense: no model, so their cells have no value (not a fault)
+        row["diverged_seeds"] = ";".join(map(str, sorted({r["seed"] for r in group if diverged(r)})))
         for k in util_keys:
             e = res.utility(src, k)
             if e is not None:
