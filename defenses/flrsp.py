@@ -2,7 +2,10 @@
 
 Each client zeroes every element of what it sends with probability ``R`` (a fresh binary sequence per
 client and round, Eq. 7 / 9); the server averages each element over the clients that sent it non-zero
-only (FedSGD Eq. 8, FedAvg Eq. 10), so R=0 reduces to standard FL.
+only (FedSGD Eq. 8, FedAvg Eq. 10), so R=0 reduces to standard FL. The message keeps its zeros, as the paper's
+clients send them (s.3, Fig. 3: "some of the gradients are replaced with zero values"), so its communication is
+counted dense, as FedAvg's; a sparse encoding (values and a bitmask) would send about (1 - R) of it, which the
+paper neither claims nor uses.
 """
 
 from __future__ import annotations
