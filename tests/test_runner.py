@@ -657,6 +657,8 @@ def test_the_leaderboard_flags_recorded_cells_whose_training_run_failed_to_retra
 
 def test_a_run_diverging_under_its_defense_is_recorded_and_shown_as_diverged_not_as_a_fault(tmp_path):
     # arrange: SGD at lr 1e30 overflows in the first steps (a defense's noise far above its update would too)
+    import pandas as pd
+
     from bench.report.leaderboards import write_leaderboards
 
     task = toy_task(lr=1e30)
@@ -677,6 +679,8 @@ def test_a_run_diverging_under_its_defense_is_recorded_and_shown_as_diverged_not
     assert "fedavg seed 0:" in listed and "exploding" not in listed
     assert "boom" in failed and "fedavg" not in failed
     assert "client diverged: training failed: TrainingDiverged: training diverged" in md
+    cells = pd.read_csv(tmp_path / "leaderboards" / f"{recs[0]['scenario']}_cells.csv")
+    assert set(cells.loc[cells.defense_label == "fedavg", "failure"]) == {"diverged"}
 
 
 def _small_run() -> TrainResult:

@@ -228,6 +228,7 @@ def cells_table(res: Results, scenario: str) -> pd.DataFrame:
                 "seed",
                 "status",
                 "reason",
+                "failure",
                 "cell_id",
             )
         }
