@@ -103,8 +103,9 @@ def cmd_run(a) -> int:
         views=views,
     )
     c = summary.counts
+    div = f" ({summary.diverged} of them: training diverged under the defense)" if summary.diverged else ""
     print(
-        f"cells: {c['ok']} ok, {c['n/a']} n/a, {c['failed']} failed, {c['skipped']} already done "
+        f"cells: {c['ok']} ok, {c['n/a']} n/a, {c['failed']} failed{div}, {c['skipped']} already done "
         f"({summary.wall_s:.0f} s); records in {out / 'records'}"
     )
     if summary.by_phase:  # where the time went (worker seconds; with --jobs N they overlap)

@@ -59,9 +59,11 @@ class RunSummary:
     trained: int = 0  # training runs executed (or loaded) by this run
     by_phase: dict[str, float] = field(default_factory=dict)  # worker seconds: training, reference runs, attacks
     failed: list[str] = field(default_factory=list)  # one line per cell this run recorded failed, with the reason
+    diverged: int = 0  # of them, cells whose training run diverged under the defense (``failure: diverged``)
 
-    def fail(self, skeleton: dict[str, Any], reason: str) -> None:
+    def fail(self, skeleton: dict[str, Any], reason: str, failure: str = "error") -> None:
         self.counts["failed"] += 1
+        self.diverged += failure == "diverged"
         self.failed.append(
             f"{skeleton['task']} {skeleton['defense_label']} x {skeleton['attack_label']}/{skeleton['view']} "
             f"seed {skeleton['seed']}: {reason}"
@@ -175,7 +177,7 @@ def run(
                 for c in entry["cells"]:
                     skel = c.skeleton()
                     write_failed(store, skel, failure, traceback=traceback_, failure=kind)
-                    summary.fail(skel, failure)
+                    summary.fail(skel, failure, kind)
                     wb.move(estimate(c))  # what the plan counted
                 continue
             entry["keys"].discard(key)
@@ -319,7 +321,7 @@ def run(
                         failure=res.get("failure") or "error",
                     )
                 if res["status"] == "failed":
-                    summary.fail(unit.skeleton, res["reason"])
+                    summary.fail(unit.skeleton, res["reason"], res.get("failure") or "error")
                 else:
                     summary.counts[res["status"]] += 1
                 wb.note(f"{group[0].defense_label} x {unit.attack.name}/{unit.view}: {res['status']}")

@@ -673,7 +673,8 @@ def test_a_run_diverging_under_its_defense_is_recorded_and_shown_as_diverged_not
     assert by["fedavg"]["status"] == "failed" and by["fedavg"]["failure"] == "diverged"
     assert "TrainingDiverged: training diverged" in by["fedavg"]["reason"]
     assert by["exploding"]["status"] == "failed" and by["exploding"]["failure"] == "error"
-    assert summary.counts["failed"] == len(recs)
+    n_diverged = sum(r["failure"] == "diverged" for r in recs)
+    assert summary.counts["failed"] == len(recs) and summary.diverged == n_diverged and n_diverged > 0
     md = (tmp_path / "leaderboards" / f"{recs[0]['scenario']}.md").read_text()
     listed, failed = md.split("## Diverged training runs")[1].split("## Failed cells")
     assert "fedavg seed 0:" in listed and "exploding" not in listed
