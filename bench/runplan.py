@@ -48,6 +48,7 @@ class Plan:
     groups: dict[tuple, list] = field(default_factory=dict)  # applicable unfinished cells by group_key
     needs_training: set = field(default_factory=set)  # group keys whose training run is not cached
     resumable: int = 0  # of them, runs with a round or epoch checkpoint to resume from (bench/checkpoint.py)
+    known_diverged: int = 0  # of them, runs that diverged before (bench.training.read_divergence): not trained
     resumable_refs: int = 0  # of the reference runs to train, those with a checkpoint to resume from
     resumable_cells: int = 0  # of the cells to run, those a killed run left spilled model passes of
     restored_s: float = 0.0  # of ``est_total_s``, the shares checkpoints and spilled passes hold (done before this run)
@@ -132,7 +133,13 @@ class Plan:
                 ),
                 f"      training runs: {self.trainings} used by the cells to run, {len(self.needs_training)} to train "
                 f"({self.trainings - len(self.needs_training)} cached"
-                + (f", {self.resumable} resume from a checkpoint)" if self.resumable else ")"),
+                + (f", {self.resumable} resume from a checkpoint" if self.resumable else "")
+                + (
+                    f", {self.known_diverged} diverged under their defense before: recorded again without training"
+                    if self.known_diverged
+                    else ""
+                )
+                + ")",
                 *refs,
                 *(
                     [
@@ -303,7 +310,7 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_befor
     from .checkpoint import restored_share  # imported when planning (bench list stays light)
     from .reference import reference_checkpoint
     from .signal_cache import marker_path, spilled_share
-    from .training import checkpoint_path
+    from .training import cache_stem, checkpoint_path, forget_divergence, read_divergence
 
     f = model.factors
     span = (f"{f[0]:.2g}" if f[0] == f[-1] else f"{f[0]:.2g}-{f[-1]:.2g}") if f else ""
@@ -339,6 +346,12 @@ def make_plan(cells: list, store, model: CostModel, *, jobs: int = 1, redo_befor
         readonly = getattr(store, "readonly", False)
         if not training_cached(c.task, c.defense, c.seed, store.out, readonly=readonly):
             pl.needs_training.add(key)
+            stem = cache_stem(c.task, c.defense, c.seed, Path(store.out) / "cache")
+            if redo_before is not None and not readonly:
+                forget_divergence(stem, redo_before)
+            if read_divergence(stem) is not None:  # the unit only records the known outcome
+                pl.known_diverged += 1
+                continue
             cost = model.train_cost(c.task, c.defense)
             pl.add("training", cost)  # the unit's whole cost (the work bar shows a restored share as done before)
             ckpt = checkpoint_path(c.task, c.defense, c.seed, Path(store.out) / "cache")

@@ -4,13 +4,17 @@ The cache holds the server's view (global state, each client's latest sent weigh
 transcript's metadata), the utility of the global model, and costs: tensors as safetensors, the rest as
 JSON with the tensors' checksum (bench/cachefile.py; no pickle). A damaged entry is quarantined and the run
 retrained. A run in progress saves round checkpoints beside its entry (bench/checkpoint.py) and resumes from them.
+A run that diverges under its defense leaves a marker instead (``divergence``): training is deterministic for a
+configuration and seed, so the outcome is known and the next run records it without training again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +23,8 @@ from torch import nn
 
 from . import cachefile
 from .checkpoint import Checkpoint, path_for
-from .fl import TrainResult, client_model_state, load_state, run_federated, seeded_fedsgd
-from .store import jsonable, stable_hash
+from .fl import TrainingDiverged, TrainResult, client_model_state, load_state, run_federated, seeded_fedsgd
+from .store import atomic_write_bytes, jsonable, stable_hash
 from .task import Task
 from .types import Defense, params_of
 
@@ -156,7 +160,59 @@ def get_training(task: Task, defense: Defense, seed: int, cache_root: Path) -> T
         return hit
     with cachefile.building(stem):  # another run training it: wait, then read its entry
         hit = cachefile.load(stem, decode_run, quarantine_dir=qdir, legacy=legacy)
-        return hit if hit is not None else _train(task, defense, seed, stem)
+        if hit is not None:
+            return hit
+        known = read_divergence(stem)
+        if known is not None:
+            raise TrainingDiverged(
+                f"{known['reason']} (recorded {known['at']} and not retrained: the same configuration and seed; "
+                "`bench run --redo-before` a later time trains it again)"
+            )
+        try:
+            return _train(task, defense, seed, stem)
+        except TrainingDiverged as e:
+            _mark_diverged(stem, str(e), run_key(task, defense, seed))
+            raise
+
+
+def divergence_path(stem: Path) -> Path:
+    """``<stem>.diverged.json``: the marker a run that diverged under its defense leaves instead of an entry."""
+    return stem.with_name(stem.name + ".diverged.json")
+
+
+def read_divergence(stem: Path) -> dict[str, str] | None:
+    """The recorded divergence of the run at ``stem`` (``reason``, ``at``: ISO 8601 UTC), or None (none, or a
+    marker that cannot be read: the run is then trained, which rewrites it)."""
+    try:
+        rec = json.loads(divergence_path(stem).read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(rec, dict) and all(isinstance(rec.get(k), str) for k in ("reason", "at"))):
+        return None
+    try:
+        datetime.fromisoformat(rec["at"])
+    except ValueError:
+        return None
+    return {"reason": rec["reason"], "at": rec["at"]}
+
+
+def forget_divergence(stem: Path, before: datetime) -> bool:
+    """Remove the run's divergence marker when it was recorded before ``before`` (``bench run --redo-before``,
+    e.g. after fixing the defense), so the run trains again; True when one was removed."""
+    known = read_divergence(stem)
+    if known is None or datetime.fromisoformat(known["at"]) >= before:
+        return False
+    divergence_path(stem).unlink(missing_ok=True)
+    return True
+
+
+def _mark_diverged(stem: Path, reason: str, key: dict[str, Any]) -> None:
+    at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    data = json.dumps({"reason": reason, "at": at, "key": key}, indent=1).encode()
+    try:
+        atomic_write_bytes(divergence_path(stem), data)
+    except OSError as e:  # the outcome is still recorded in the cells; the run is only trained again next time
+        print(f"warning: divergence marker not written: {type(e).__name__}: {e}", file=sys.stderr)  # noqa: T201
 
 
 def _train(task: Task, defense: Defense, seed: int, stem: Path) -> TrainResult:

@@ -684,6 +684,30 @@ def test_a_run_diverging_under_its_defense_is_recorded_and_shown_as_diverged_not
     assert set(cells.loc[cells.defense_label == "fedavg", "failure"]) == {"diverged"}
 
 
+def test_a_run_that_diverged_is_recorded_again_without_training_until_redo_before_a_later_time(tmp_path, monkeypatch):
+    # arrange: a run that diverges, then a counter on every training from here on
+    from datetime import datetime, timezone
+
+    from bench import training
+
+    task, defenses, attacks = toy_task(lr=1e30), [FedAvg()], [ToyLossMIA()]
+    run([task], defenses, attacks, [0], tmp_path)
+    trained, real = [], training.run_federated
+    monkeypatch.setattr(training, "run_federated", lambda *a, **k: trained.append(1) or real(*a, **k))
+    plans = []
+
+    # act: run again (the known outcome), then again with --redo-before a time after the divergence
+    again = run([task], defenses, attacks, [0], tmp_path, on_plan=plans.append)
+    later = datetime.now(timezone.utc) + timedelta(seconds=1)
+    redo = run([task], defenses, attacks, [0], tmp_path, redo_before=later)
+
+    # assert: the second run's cells are recorded diverged with the first reason and nothing trained; the third trains
+    assert again.diverged > 0 and again.diverged == redo.diverged and len(trained) == 1
+    assert plans[0].known_diverged == 1 and "diverged under their defense before" in plans[0].render()
+    recs = [r for r in records(tmp_path) if r["defense"] == "fedavg" and r["status"] != "n/a"]
+    assert recs and all(r["failure"] == "diverged" and "training diverged" in r["reason"] for r in recs)
+
+
 def _small_run() -> TrainResult:
     return TrainResult(
         global_state={"w": torch.arange(6.0).reshape(2, 3)},
