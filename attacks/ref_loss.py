@@ -24,7 +24,11 @@ caption alike) calibrated 0.523 / 0.523 / 0.520 global (seeds 0-2) against 0.638
 not how hard the candidate is, and subtracting it adds noise. A reference that saw the domain (RMIA's reference
 runs) is the remedy. image-cls (the base: the default preset's model pre-trained on 6,000 Fashion-MNIST images
 disjoint from the candidates; FedAvg seeds 0-2, global view, session 2026-11-29): calibrated 0.68-0.71 (ViT) /
-0.66-0.69 (ResNet34) against the plain loss 0.76-0.77 / 0.77-0.79.
+0.66-0.69 (ResNet34) against the plain loss 0.76-0.77 / 0.77-0.79. ldm-t2i (the base: the LDM pre-trained on public
+Fashion-MNIST images; the timestep-averaged denoising loss; seeds 0-1, session 2026-12-07) is where it helps most,
+global / client: FedRand 0.956 / 0.979 against the plain loss 0.749 / 0.794, FedPara 0.905 / 0.901 against 0.686 /
+0.684, FedSGD 0.992 (global) against 0.930, FLRSP's client view 0.752 against 0.535: how well the base model
+already denoises a candidate is most of what the plain loss measures there.
 
 The ``neg_ratio`` variant ranks better than the difference in every scenario measured (same records, same
 candidates): llm-text global 0.966 / 0.989 / 0.990 (seeds 0-2) against 0.946 / 0.974 / 0.974, vlm-caption global
