@@ -146,3 +146,22 @@ def test_the_row_names_the_offline_a_each_seeds_rmia_record_used():
     assert row_of(recs)["rmia.a"] == "0.4, 0.5"
     assert row_of([*recs, legacy, clients])["rmia.a"] == "0.4, 0.5, ?, 0.9/1"
     assert "(a 0.4, 0.5)" in strength.markdown(strength.strength_table(Results(recs), "sc"), "sc")
+
+
+def test_the_best_base_calibrated_score_is_shown_beside_and_its_plain_loss_counts_as_single_signal():
+    # arrange: ref_loss with a strong calibrated variant, a weak primary and its plain loss above loss_mia's
+    ref = rec(attack="ref_loss", strength=0.5, n=N)
+    ref["primary"] = "diff"
+    tprs = {"diff": 0.3, "neg_ratio": 0.8, "neg_loss": 0.6}
+    ref["variants"] = {k: {"tpr@0.05fpr": v} for k, v in tprs.items()}
+    recs = [rmia_rec(3.0), rec(attack="loss_mia", strength=0.0, n=N), ref]
+
+    # act
+    row = row_of(recs)
+
+    # assert: neither the calibrated score enters the verdict's single-signal side nor the plain loss the other
+    assert row["base_calibrated"] == "ref_loss:neg_ratio" and row["base_calibrated.tpr"] == 0.8
+    assert row["best_single"] == "ref_loss:neg_loss" and row["best_single.tpr"] == 0.6
+    assert row["verdict"] == strength.INCONC and "base-calibrated TPR" in strength.markdown(
+        strength.strength_table(Results(recs), "sc"), "sc"
+    )

@@ -3,9 +3,10 @@ baseline of its protocol (fedavg, fedsgd for FedSGD forms, lora for released mod
 attack (offline RMIA, [RMIA], or its offline LiRA variant, [LiRA]: the one with the higher point TPR) beat the
 best single-signal attack in TPR at the lowest FPR the non-members support?
 
-Single-signal attacks: every configuration and score variant of loss_mia, max_renyi and gradient_mia, and the rmia
-record's ``neg_loss``. The best is the highest point TPR (ties: the one whose per-candidate scores are kept, so the
-difference pairs); choosing it on the evaluated candidates favours it, so ``RMIA stronger`` is conservative. The
+Single-signal attacks: every configuration and score variant of loss_mia, max_renyi and gradient_mia, and the
+``neg_loss`` of the rmia and ref_loss records. The best is the highest point TPR (ties: the one whose per-candidate
+scores are kept, so the difference pairs); choosing it on the evaluated candidates favours it, so ``RMIA stronger``
+is conservative. The
 FPR is the lowest of ``bench.metrics.FPRS`` with >= 10 / FPR non-members in every seed (the gating of
 ``bench.bootstrap.tpr_unreported``). The stronger reference-model score minus the best single-signal one is the
 paired bootstrap of ``bench.report.paired`` on the candidates and seeds both scored (both sides are the best of
@@ -13,6 +14,10 @@ their kind on those candidates, so the selection favours neither); a variant who
 record did not keep (records before 2026-11-25 kept only some) falls back to the unpaired difference, and the
 note says so. Verdict: ``reference-model stronger`` (95% interval above 0), ``not stronger`` (at or below 0),
 ``inconclusive`` otherwise; ``not measured`` without both sides or a supported FPR.
+
+Beside them, for information (no verdict reads it): the best of ``ref_loss``'s base-calibrated scores (attacks/
+ref_loss.py: the target's loss against the base model's, [Watson]; its ``neg_loss`` counts as single-signal), the
+attack that needs no reference training, so a reader sees what the R reference runs buy over it.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from .stats import Estimate
 SINGLE_SIGNAL = ("loss_mia", "max_renyi", "gradient_mia")
 RMIA = "rmia"
 RMIA_SINGLE = ("neg_loss",)  # the rmia record's own single-signal score (minus the target's loss)
+BASE_CALIBRATED = "ref_loss"  # calibrated against the base model (no reference training); its neg_loss is single
 LIRA = "lira_offline"
 STRONGER, NOT_STRONGER = "reference-model stronger", "not stronger"
 INCONC, NOT_MEASURED = "inconclusive", "not measured"
@@ -55,6 +61,10 @@ COLUMNS = [
     "lira_offline.tpr",
     "lira_offline.tpr.ci_low",
     "lira_offline.tpr.ci_high",
+    "base_calibrated",
+    "base_calibrated.tpr",
+    "base_calibrated.tpr.ci_low",
+    "base_calibrated.tpr.ci_high",
     "reference_best",
     "difference",
     "difference.ci_low",
@@ -107,12 +117,26 @@ def nonmembers(rec: dict) -> int | None:
 
 
 def single_scorers(attack: str, label: str, recs: list[dict]) -> list[Scorer]:
-    """The single-signal scores of one cell: a single-signal attack's primary and variants, rmia's ``neg_loss``."""
+    """The single-signal scores of one cell: a single-signal attack's primary and variants, the ``neg_loss`` of rmia
+    and ref_loss."""
     names = set.intersection(*(set(r.get("variants") or {}) for r in recs))
     primary = {r.get("primary") for r in recs}
-    if attack == RMIA:
+    if attack in (RMIA, BASE_CALIBRATED):
         return [Scorer(label, v, recs) for v in RMIA_SINGLE if v in names]
     return [Scorer(label, None, recs)] + [Scorer(label, v, recs) for v in sorted(names - primary)]
+
+
+def calibrated_scorers(label: str, recs: list[dict]) -> list[Scorer]:
+    """ref_loss's base-calibrated scores of one cell: its primary and its variants but the uncalibrated loss."""
+    names = set.intersection(*(set(r.get("variants") or {}) for r in recs))
+    primary = {r.get("primary") for r in recs}
+    return [Scorer(label, None, recs)] + [Scorer(label, v, recs) for v in sorted(names - primary - set(RMIA_SINGLE))]
+
+
+def best_of(res: Results, scorers: list[Scorer], metric: str) -> tuple[Scorer, Estimate] | None:
+    """The scorer with the highest point ``metric`` (ties: one whose per-candidate scores are kept), with it."""
+    scored = [(s, e) for s in scorers if (e := s.estimate(res, metric)) is not None and not math.isnan(e.value)]
+    return max(scored, key=lambda t: (t[1].value, t[0].pairable()), default=None)
 
 
 def _why_missing(recs: list[dict], attacks: Sequence[str], what: str) -> str:
@@ -132,7 +156,8 @@ def strength_row(res: Results, key: tuple[str, str, str, str], recs: list[dict])
     if not ok:
         return None
     row: dict = dict(zip(("preset", "task", "baseline", "view"), key))
-    blank = {"best_single": "", "rmia_attack": "", "rmia.a": "", "reference_best": "", "difference.method": ""}
+    blank = {"best_single": "", "rmia_attack": "", "rmia.a": "", "base_calibrated": "", "reference_best": ""}
+    blank["difference.method"] = ""
     row.update({c: math.nan for c in COLUMNS[4:]} | blank)
     row.update(paired=False, verdict=NOT_MEASURED, note="")
     cells: dict[tuple[str, str], list[dict]] = {}
@@ -146,14 +171,16 @@ def strength_row(res: Results, key: tuple[str, str, str, str], recs: list[dict])
         row["note"] = tpr_unreported(max(FPRS), n0) if n0 is not None else "no non-member count"
         return row
     metric = f"tpr@{fpr:g}fpr"
-    singles = [s for (a, lab), rs in sorted(cells.items()) for s in single_scorers(a, lab, rs)]
-    scored = [(s, e) for s in singles if (e := s.estimate(res, metric)) is not None and not math.isnan(e.value)]
+    best = best_of(res, [s for (a, lab), rs in sorted(cells.items()) for s in single_scorers(a, lab, rs)], metric)
+    calibrated = [s for (a, lab), rs in cells.items() if a == BASE_CALIBRATED for s in calibrated_scorers(lab, rs)]
+    if (cal := best_of(res, calibrated, metric)) is not None:
+        row["base_calibrated"] = cal[0].name
+        _put(row, "base_calibrated.tpr", cal[1])
     rmias = sorted(lab for a, lab in cells if a == RMIA)
     notes = []
     if len(rmias) > 1:
         notes.append(f"rmia configurations {', '.join(rmias)}: {RMIA if RMIA in rmias else rmias[0]} shown")
     rmia = cells[(RMIA, RMIA if RMIA in rmias else rmias[0])] if rmias else None
-    best = max(scored, key=lambda t: (t[1].value, t[0].pairable()), default=None)
     if best is not None:
         row["best_single"] = best[0].name
         _put(row, "best_single.tpr", best[1])
@@ -218,7 +245,7 @@ def strength_table(res: Results, scenario: str) -> pd.DataFrame:
         name, label = r["defense"], r["defense_label"]
         if name not in BASELINES or "(" in label or protocol_baseline(label, r["view"]) != name:
             continue
-        if r["attack"] in SINGLE_SIGNAL + (RMIA,):
+        if r["attack"] in SINGLE_SIGNAL + (RMIA, BASE_CALIBRATED):
             groups.setdefault((r["preset"], r["task"], label, r["view"]), []).append(r)
     rows = [row for k in sorted(groups) if (row := strength_row(res, k, groups[k])) is not None]
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -244,7 +271,8 @@ def markdown(df: pd.DataFrame, scenario: str) -> str:
 
     presets = df.preset.nunique() > 1  # noqa: PD101 -- counts distinct presets of a small table
     head = (["preset"] if presets else []) + ["task", "baseline/view", "non-members", "FPR", "best single-signal"]
-    head += ["its TPR", "RMIA TPR", "LiRA-offline TPR", "stronger of the two - best", "verdict", "note"]
+    head += ["its TPR", "RMIA TPR", "LiRA-offline TPR", "base-calibrated TPR", "stronger of the two - best"]
+    head += ["verdict", "note"]
     rows = []
     for _, r in df.iterrows():
         fpr = "n/a" if math.isnan(r.fpr) else f"{r.fpr:.1%}".replace(".0%", "%")
@@ -254,6 +282,7 @@ def markdown(df: pd.DataFrame, scenario: str) -> str:
         cells = ([r.preset] if presets else []) + [r.task, f"{r.baseline}/{VIEW_SHORT.get(r.view, r.view)}", n0, fpr]
         rmia_tpr = _est(r, "rmia.tpr") + (f" (a {r['rmia.a']})" if r["rmia.a"] else "")
         cells += [r.best_single or "-", _est(r, "best_single.tpr"), rmia_tpr, _est(r, "lira_offline.tpr")]
+        cells += [f"{r.base_calibrated}: {_est(r, 'base_calibrated.tpr')}" if r.base_calibrated else "-"]
         cells += [diff, f"**{r.verdict}**", r.note]
         rows.append([md_escape(c) for c in cells])
     return "\n".join(
@@ -263,8 +292,9 @@ def markdown(df: pd.DataFrame, scenario: str) -> str:
             "Per task and membership view of the undefended baseline of each protocol (fedavg, fedsgd for FedSGD "
             "forms, lora for released models): TPR at the lowest FPR the non-members support (>= 10 / FPR per "
             "seed) of the best single-signal attack (loss_mia, max_renyi, gradient_mia and their score variants, "
-            "rmia's `neg_loss`; highest point TPR), of RMIA (with each seed's offline a, tuned per cell) and of "
-            "offline LiRA, with 95% intervals, and the "
+            "the `neg_loss` of rmia and ref_loss; highest point TPR), of RMIA (with each seed's offline a, tuned per "
+            "cell), of offline LiRA and, for information, of the best base-calibrated score of ref_loss (the "
+            "target's loss against the base model's: no reference training), with 95% intervals, and the "
             "stronger of RMIA and offline LiRA (highest point TPR, named) minus the best single-signal attack "
             "(paired bootstrap over the shared candidates and seeds; `(unpaired)` where a variant's per-candidate "
             "scores were not kept). **reference-model stronger**: the difference's interval lies above 0; "
