@@ -648,7 +648,8 @@ def test_a_membership_claim_is_rechecked_with_the_strongest_attack_side_by_side(
         if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text"
     }
 
-    assert set(rows) == {"paper: max_renyi", "strongest: rmia"}
+    assert set(rows) == {"paper: max_renyi", "strongest: rmia", "base-calibrated: ref_loss"}
+    assert rows["base-calibrated: ref_loss"]["verdict"] == "not measured"  # no ref_loss records here
     assert rows["paper: max_renyi"]["verdict"] == "holds" and "rmia" not in rows["paper: max_renyi"]["evidence"]
     assert rows["strongest: rmia"]["verdict"] == "contradicted", rows["strongest: rmia"]["evidence"]
     assert "max_renyi" not in rows["strongest: rmia"]["evidence"]
@@ -659,7 +660,27 @@ def test_a_membership_claim_is_rechecked_with_the_strongest_attack_side_by_side(
     assert {c["attacks"]: c["verdict"] for c in vlm} == {
         "paper: max_renyi": "not measured",
         "strongest: rmia": "not measured",
+        "base-calibrated: ref_loss": "not measured",
     }
+
+
+def test_a_membership_claim_is_also_rechecked_with_the_base_calibrated_loss(tmp_path):
+    # arrange: FedRand's claim holds under MaxRenyi; the base-calibrated loss separates FedRand's members as well
+    recs = _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.05)
+    recs += _fedrand_records(fedrand_strength=2.0, fedrand_loss=3.05, attack="ref_loss")
+    res = write(tmp_path, recs)
+
+    # act
+    rows = {
+        c["attacks"]: c
+        for c in claims.evaluate(res)
+        if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text"
+    }
+
+    # assert
+    assert rows["paper: max_renyi"]["verdict"] == "holds" and rows["strongest: rmia"]["verdict"] == "not measured"
+    row = rows["base-calibrated: ref_loss"]
+    assert row["verdict"] == "contradicted" and "ref_loss" in row["evidence"] and "max_renyi" not in row["evidence"]
 
 
 def test_the_strongest_recheck_uses_the_attacks_default_configuration_only(tmp_path):

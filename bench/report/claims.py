@@ -17,9 +17,11 @@ per scenario and preset: ``not measured`` (no records for its cells); ``contradi
 ``inconclusive`` if any clause is and none contradicted; ``holds`` if all do; a DP claim whose composed epsilon
 exceeds ``MEANINGFUL_EPSILON`` only ``holds only nominally``.
 
-A membership claim is checked twice, side by side ([RMIA] issue): with the attacks of its paper (``paper:``
-rows) and with the strongest attack the suite has, reference-model membership inference (``strongest:`` rows,
-``STRONGEST``): a defense that stops only weak attacks is not a defense.
+A membership claim is checked three times, side by side ([RMIA] issue): with the attacks of its paper (``paper:``
+rows), with reference-model membership inference (``strongest:`` rows, ``STRONGEST``) and with the loss calibrated
+against the base model (``base-calibrated:`` rows, ``CALIBRATED``: attacks/ref_loss.py, which matches or beats the
+reference runs wherever the base model is a good reference; the attack-strength tables compare them): a defense that
+stops only weak attacks is not a defense.
 """
 
 from __future__ import annotations
@@ -49,12 +51,15 @@ COLUMNS = ["paper", "claim", "scenario", "setting", "preset", "attacks", "verdic
 PAPERS_OWN = "the paper's"  # ``setting`` of a scenario of the kind the paper evaluated
 CLAIMS: list[dict] = []
 STRONGEST = ("rmia",)  # the re-check of every membership claim: offline RMIA (LiRA-offline is its variant)
+CALIBRATED = ("ref_loss",)  # and with the loss calibrated against the base model (no reference training)
 
 
 def strongest_only(res: Results) -> Results:
-    """``res`` without the non-default configurations of the :data:`STRONGEST` attacks (e.g. ``rmia(a=0.3)``):
-    the strongest pass checks each attack as the suite configures it; controls stay those of every record."""
-    out = Results(r for r in res.records if r["attack"] not in STRONGEST or r.get("attack_label") == r["attack"])
+    """``res`` without the non-default configurations of the :data:`STRONGEST` and :data:`CALIBRATED` attacks (e.g.
+    ``rmia(a=0.3)``): those passes check each attack as the suite configures it; controls stay those of every
+    record."""
+    rechecks = STRONGEST + CALIBRATED
+    out = Results(r for r in res.records if r["attack"] not in rechecks or r.get("attack_label") == r["attack"])
     out._controls, out._recon_controls = res.controls(), res._recon_controls
     out.stale = res.stale
     return out
@@ -99,10 +104,16 @@ def setting(c: dict, scenario: str) -> str:
 
 
 def _passes(c: dict) -> list[tuple[str, tuple[str, ...]]]:
-    """(label, attacks) of each check of claim ``c``: the paper's attacks, then the strongest for membership."""
+    """(label, attacks) of each check of claim ``c``: the paper's attacks, then for membership the reference-model
+    and the base-calibrated attacks."""
     if c["attacks"] is None:
         return [("paper", ())]
-    return [("paper: " + ", ".join(c["attacks"]), c["attacks"]), ("strongest: " + ", ".join(STRONGEST), STRONGEST)]
+    paper = ("paper: " + ", ".join(c["attacks"]), c["attacks"])
+    return [
+        paper,
+        ("strongest: " + ", ".join(STRONGEST), STRONGEST),
+        ("base-calibrated: " + ", ".join(CALIBRATED), CALIBRATED),
+    ]
 
 
 def verdict(clauses: list[dict]) -> str:
@@ -129,7 +140,7 @@ def evaluate(res: Results) -> list[dict]:
             presets = sorted({r["preset"] for r in res.records if r["scenario"] == scenario})
             for preset in presets or [""]:
                 try:
-                    on = strongest if attacks == STRONGEST else res
+                    on = strongest if attacks in (STRONGEST, CALIBRATED) else res
                     clauses = c["check"](on, scenario, preset, attacks) if preset else []
                 except (KeyError, ValueError) as e:
                     clauses, note = [], f"could not evaluate: {type(e).__name__}: {e}"
@@ -170,10 +181,13 @@ def markdown(rows: list[dict], audits: list[dict] | None = None) -> str:
         "Whether the reference-model attack is the stronger one on each undefended baseline (the [RMIA] positive "
         "control: RMIA minus the best single-signal attack in TPR at the lowest FPR the non-members support, "
         "paired) is the attack-strength section of each scenario page and `<scenario>_attack_strength.csv`. "
-        "Each membership claim has two rows, side by side: `paper: ...` checks it with the attacks of its paper, "
+        "Each membership claim has three rows, side by side: `paper: ...` checks it with the attacks of its paper, "
         "`strongest: rmia` with offline RMIA in its default configuration (offline a tuned per cell; another "
-        "configuration, e.g. `rmia(a=0.3)`, stays in the tables only) on the same cells (a defense that stops "
-        "only weak attacks is not a defense); `not measured` where the reference-model cells have not been run. "
+        "configuration, e.g. `rmia(a=0.3)`, stays in the tables only) and `base-calibrated: ref_loss` with the "
+        "target's loss minus the base model's (Watson et al., ICLR 2022; no reference training, and as strong as "
+        "RMIA or stronger wherever the base model is a good reference: see the attack-strength sections) on the "
+        "same cells (a defense that stops only weak attacks is not a defense); `not measured` where those cells "
+        "have not been run. "
         "`setting`: `the paper's` "
         "where the scenario is of the kind the paper's experiments ran on, `extension (...)` where the suite "
         "carries the claim to another kind of model or data (the verdict there is the suite's finding, not a test "
