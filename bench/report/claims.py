@@ -184,7 +184,7 @@ def markdown(rows: list[dict], audits: list[dict] | None = None) -> str:
         "Each membership claim has three rows, side by side: `paper: ...` checks it with the attacks of its paper, "
         "`strongest: rmia` with offline RMIA in its default configuration (offline a tuned per cell; another "
         "configuration, e.g. `rmia(a=0.3)`, stays in the tables only) and `base-calibrated: ref_loss` with the "
-        "target's loss minus the base model's (Watson et al., ICLR 2022; no reference training, and as strong as "
+        "base model's loss minus the target's (Watson et al., ICLR 2022; no reference training, and as strong as "
         "RMIA or stronger wherever the base model is a good reference: see the attack-strength sections) on the "
         "same cells (a defense that stops only weak attacks is not a defense); `not measured` where those cells "
         "have not been run. "

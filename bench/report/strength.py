@@ -6,18 +6,17 @@ best single-signal attack in TPR at the lowest FPR the non-members support?
 Single-signal attacks: every configuration and score variant of loss_mia, max_renyi and gradient_mia, and the
 ``neg_loss`` of the rmia and ref_loss records. The best is the highest point TPR (ties: the one whose per-candidate
 scores are kept, so the difference pairs); choosing it on the evaluated candidates favours it, so ``RMIA stronger``
-is conservative. The
-FPR is the lowest of ``bench.metrics.FPRS`` with >= 10 / FPR non-members in every seed (the gating of
-``bench.bootstrap.tpr_unreported``). The stronger reference-model score minus the best single-signal one is the
-paired bootstrap of ``bench.report.paired`` on the candidates and seeds both scored (both sides are the best of
-their kind on those candidates, so the selection favours neither); a variant whose per-candidate scores the
-record did not keep (records before 2026-11-25 kept only some) falls back to the unpaired difference, and the
-note says so. Verdict: ``reference-model stronger`` (95% interval above 0), ``not stronger`` (at or below 0),
+is conservative. The FPR is the lowest of ``bench.metrics.FPRS`` with >= 10 / FPR non-members in every seed (the
+gating of ``bench.bootstrap.tpr_unreported``). The stronger reference-model score minus the best single-signal one
+is the paired bootstrap of ``bench.report.paired`` on the candidates and seeds both scored (both sides are the best
+of their kind on those candidates, so the selection favours neither); a variant whose per-candidate scores the
+record did not keep (records before 2026-11-25 kept only some) falls back to the unpaired difference, and the note
+says so. Verdict: ``reference-model stronger`` (95% interval above 0), ``not stronger`` (at or below 0),
 ``inconclusive`` otherwise; ``not measured`` without both sides or a supported FPR.
 
 Beside them, for information (no verdict reads it): the best of ``ref_loss``'s base-calibrated scores (attacks/
-ref_loss.py: the target's loss against the base model's, [Watson]; its ``neg_loss`` counts as single-signal), the
-attack that needs no reference training, so a reader sees what the R reference runs buy over it.
+ref_loss.py: how much lower the target's loss is than the base model's, [Watson]; its ``neg_loss`` counts as single-
+signal), the attack that needs no reference training, so a reader sees what the R reference runs buy over it.
 """
 
 from __future__ import annotations
