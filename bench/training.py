@@ -190,10 +190,10 @@ def read_divergence(stem: Path) -> dict[str, str] | None:
     if not (isinstance(rec, dict) and all(isinstance(rec.get(k), str) for k in ("reason", "at"))):
         return None
     try:
-        datetime.fromisoformat(rec["at"])
+        aware = datetime.fromisoformat(rec["at"]).tzinfo is not None  # compared with --redo-before's UTC time
     except ValueError:
         return None
-    return {"reason": rec["reason"], "at": rec["at"]}
+    return {"reason": rec["reason"], "at": rec["at"]} if aware else None
 
 
 def forget_divergence(stem: Path, before: datetime) -> bool:

@@ -708,6 +708,36 @@ def test_a_run_that_diverged_is_recorded_again_without_training_until_redo_befor
     assert recs and all(r["failure"] == "diverged" and "training diverged" in r["reason"] for r in recs)
 
 
+@pytest.mark.parametrize(
+    "text", ["{", "[]", '{"reason": "x"}', '{"reason": "x", "at": "yesterday"}', '{"reason": "x", "at": "2026-12-07"}']
+)
+def test_a_divergence_marker_that_cannot_be_read_is_ignored_so_the_run_trains(tmp_path, text):
+    from bench.training import divergence_path, read_divergence
+
+    # arrange
+    stem = tmp_path / "run"
+    divergence_path(stem).write_text(text)
+    # act / assert
+    assert read_divergence(stem) is None
+
+
+def test_redo_before_forgets_only_a_divergence_recorded_before_it(tmp_path):
+    from datetime import datetime, timezone
+
+    from bench.training import divergence_path, forget_divergence, read_divergence
+
+    # arrange: a marker recorded at noon
+    stem = tmp_path / "run"
+    divergence_path(stem).write_text('{"reason": "training diverged: round 3", "at": "2026-12-07T12:00:00+00:00"}')
+    # act
+    kept = forget_divergence(stem, datetime(2026, 12, 7, 11, tzinfo=timezone.utc))
+    known = read_divergence(stem)
+    forgot = forget_divergence(stem, datetime(2026, 12, 7, 13, tzinfo=timezone.utc))
+    # assert
+    assert not kept and known == {"reason": "training diverged: round 3", "at": "2026-12-07T12:00:00+00:00"}
+    assert forgot and not divergence_path(stem).exists() and read_divergence(stem) is None
+
+
 def _small_run() -> TrainResult:
     return TrainResult(
         global_state={"w": torch.arange(6.0).reshape(2, 3)},
