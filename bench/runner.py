@@ -203,12 +203,22 @@ def run(
         held = []
         while backlog and len(pending) < max(1, executor.jobs):
             item = heapq.heappop(backlog)
+            if orphaned(item[2]):  # its cells failed with their training run: nothing waits for it
+                blocked.pop(item[2].key, None)
+                wb.move(item[2].cost)
+                continue
             if item[2].affinity and running[item[2].affinity]:
                 held.append(item)
                 continue
             launch(item[2], item[3])
         for item in held:
             heapq.heappush(backlog, item)
+
+    def orphaned(u: Unit) -> bool:
+        """A reference run not started whose every waiting cell has failed already (e.g. the target's training
+        diverged): training it would only fill the cache."""
+        entries = blocked.get(u.key)
+        return u.kind == "reference" and bool(entries) and all(e["failed"] for e in entries or [])
 
     def launch(u: Unit, group: list[Cell]) -> None:
         wb.start(u, unit_label(u, group))

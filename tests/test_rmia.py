@@ -410,14 +410,16 @@ class _Recording:
     name = "inline"
     jobs = 1
 
-    def __init__(self, fail_reference: bool = False):
+    def __init__(self, fail_reference: bool = False, fail_train: bool = False):
         from bench.runner import InlineExecutor
 
-        self.inner, self.seen, self.fail_reference = InlineExecutor(), [], fail_reference
+        self.inner, self.seen = InlineExecutor(), []
+        self.fail = {"reference"} if fail_reference else set()
+        self.fail |= {"train"} if fail_train else set()
 
     def submit(self, unit):
         self.seen.append((unit.kind, unit.key, unit.ref_index))
-        if self.fail_reference and unit.kind == "reference":
+        if unit.kind in self.fail:
             import concurrent.futures as cf
 
             fut = cf.Future()
@@ -546,6 +548,22 @@ def test_a_failed_reference_run_fails_only_the_cells_that_need_it(tmp_path):
     assert got == "failed" and why.startswith("reference run ") and why.endswith(" failed: boom"), why
     assert status[("fedavg", "loss_mia", "global_model")][0] == "ok"
     assert status[("base", "rmia", "global_model")][0] == "ok"  # the base model is its own reference
+
+
+def test_a_reference_run_whose_cells_failed_with_their_training_run_is_not_trained(tmp_path):
+    from bench.runner import run
+    from bench.store import Store
+
+    # arrange: the target's training run fails (as one diverging under its defense would)
+    task, ex = _population_task(rounds=1), _Recording(fail_train=True)
+
+    # act
+    summary = run([task], [FedAvg()], [RMIA()], [0], tmp_path, executor=ex)
+
+    # assert: its cells are failed with the training run's reason, and no reference run was started
+    recs = [r for r in Store(tmp_path).records() if r["defense"] == "fedavg"]
+    assert recs and all(r["status"] == "failed" and r["reason"].startswith("training failed") for r in recs)
+    assert [k for k, _, _ in ex.seen if k != "cell"] == ["train"] and summary.counts["failed"] == len(recs)
 
 
 # ----------------------------------------------------------------------------------------------
