@@ -636,17 +636,27 @@ def _paper_rows(res):
     return [c for c in claims.evaluate(res) if c["attacks"].startswith("paper")]
 
 
-def test_a_membership_claim_is_rechecked_with_the_strongest_attack_side_by_side(tmp_path):
-    # arrange: FedRand's claim holds under MaxRenyi; RMIA separates FedRand's members as well as FedAvg's
-    recs = _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.05)
-    recs += _fedrand_records(fedrand_strength=2.0, fedrand_loss=3.05, attack="rmia")
-    res = write(tmp_path, recs)
-
-    rows = {
+def _fedrand_rows(res, scenario: str) -> dict[str, dict]:
+    """FedRand's claim rows of ``scenario``, by their ``attacks`` (paper / strongest / base-calibrated)."""
+    return {
         c["attacks"]: c
         for c in claims.evaluate(res)
-        if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text"
+        if c["paper"].startswith("papers/000") and c["scenario"] == scenario
     }
+
+
+def _leaky_recheck(tmp_path, attack: str):
+    """FedRand's claim holds under MaxRenyi; ``attack`` separates FedRand's members as well as FedAvg's."""
+    recs = _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.05)
+    recs += _fedrand_records(fedrand_strength=2.0, fedrand_loss=3.05, attack=attack)
+    return write(tmp_path, recs)
+
+
+def test_a_membership_claim_is_rechecked_with_the_strongest_attack_side_by_side(tmp_path):
+    # arrange
+    res = _leaky_recheck(tmp_path, "rmia")
+
+    rows = _fedrand_rows(res, "llm-text")
 
     assert set(rows) == {"paper: max_renyi", "strongest: rmia", "base-calibrated: ref_loss"}
     assert rows["base-calibrated: ref_loss"]["verdict"] == "not measured"  # no ref_loss records here
@@ -656,8 +666,7 @@ def test_a_membership_claim_is_rechecked_with_the_strongest_attack_side_by_side(
     # without reference-model records the re-check says so
     flrsp = [c for c in claims.evaluate(res) if c["paper"].startswith("papers/003")]
     assert [c["attacks"] for c in flrsp] == ["paper"] * len(flrsp)
-    vlm = [c for c in claims.evaluate(res) if c["paper"].startswith("papers/000") and c["scenario"] == "vlm-caption"]
-    assert {c["attacks"]: c["verdict"] for c in vlm} == {
+    assert {a: c["verdict"] for a, c in _fedrand_rows(res, "vlm-caption").items()} == {
         "paper: max_renyi": "not measured",
         "strongest: rmia": "not measured",
         "base-calibrated: ref_loss": "not measured",
@@ -665,17 +674,11 @@ def test_a_membership_claim_is_rechecked_with_the_strongest_attack_side_by_side(
 
 
 def test_a_membership_claim_is_also_rechecked_with_the_base_calibrated_loss(tmp_path):
-    # arrange: FedRand's claim holds under MaxRenyi; the base-calibrated loss separates FedRand's members as well
-    recs = _fedrand_records(fedrand_strength=0.0, fedrand_loss=3.05)
-    recs += _fedrand_records(fedrand_strength=2.0, fedrand_loss=3.05, attack="ref_loss")
-    res = write(tmp_path, recs)
+    # arrange
+    res = _leaky_recheck(tmp_path, "ref_loss")
 
     # act
-    rows = {
-        c["attacks"]: c
-        for c in claims.evaluate(res)
-        if c["paper"].startswith("papers/000") and c["scenario"] == "llm-text"
-    }
+    rows = _fedrand_rows(res, "llm-text")
 
     # assert
     assert rows["paper: max_renyi"]["verdict"] == "holds" and rows["strongest: rmia"]["verdict"] == "not measured"
