@@ -217,8 +217,8 @@ def run(
     def orphaned(u: Unit) -> bool:
         """A reference run not started whose every waiting cell has failed already (e.g. the target's training
         diverged): training it would only fill the cache."""
-        entries = blocked.get(u.key)
-        return u.kind == "reference" and bool(entries) and all(e["failed"] for e in entries or [])
+        entries = blocked.get(u.key, [])
+        return u.kind == "reference" and bool(entries) and all(e["failed"] for e in entries)
 
     def launch(u: Unit, group: list[Cell]) -> None:
         wb.start(u, unit_label(u, group))

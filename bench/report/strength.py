@@ -118,18 +118,22 @@ def nonmembers(rec: dict) -> int | None:
 def single_scorers(attack: str, label: str, recs: list[dict]) -> list[Scorer]:
     """The single-signal scores of one cell: a single-signal attack's primary and variants, the ``neg_loss`` of rmia
     and ref_loss."""
-    names = set.intersection(*(set(r.get("variants") or {}) for r in recs))
-    primary = {r.get("primary") for r in recs}
+    names = _variant_names(recs)
     if attack in (RMIA, BASE_CALIBRATED):
         return [Scorer(label, v, recs) for v in RMIA_SINGLE if v in names]
-    return [Scorer(label, None, recs)] + [Scorer(label, v, recs) for v in sorted(names - primary)]
+    return [Scorer(label, None, recs)] + [Scorer(label, v, recs) for v in sorted(names)]
 
 
 def calibrated_scorers(label: str, recs: list[dict]) -> list[Scorer]:
     """ref_loss's base-calibrated scores of one cell: its primary and its variants but the uncalibrated loss."""
+    names = _variant_names(recs) - set(RMIA_SINGLE)
+    return [Scorer(label, None, recs)] + [Scorer(label, v, recs) for v in sorted(names)]
+
+
+def _variant_names(recs: list[dict]) -> set[str]:
+    """The score variants every seed's record of a cell has, its primary score left out."""
     names = set.intersection(*(set(r.get("variants") or {}) for r in recs))
-    primary = {r.get("primary") for r in recs}
-    return [Scorer(label, None, recs)] + [Scorer(label, v, recs) for v in sorted(names - primary - set(RMIA_SINGLE))]
+    return names - {r.get("primary") for r in recs}
 
 
 def best_of(res: Results, scorers: list[Scorer], metric: str) -> tuple[Scorer, Estimate] | None:
