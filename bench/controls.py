@@ -27,13 +27,16 @@ import numpy as np
 from .bootstrap import (
     AUROC,
     Drawn,
+    aligned,
     auroc_rows,
+    crossed,
     draw_stat,
     hierarchical,
     paired_groups,
     paired_points,
     paired_replicates,
     percentile_interval,
+    target_values,
 )
 
 AUROC_MIN = 0.75
@@ -172,8 +175,9 @@ NOT_CHECKED = "not checked"
 def reconstruction_controls(records: Iterable[dict]) -> list[Control]:
     """One ``Control`` per (preset, task, reconstruction attack, undefended baseline, view): passed when the 95%
     interval of the attack's SSIM minus the SSIM of uniform random images on the same targets (the record's
-    ``ssim_random``, bench.cells) has its lower end >= ``SSIM_GAP_MIN`` (paired per target; bootstrap over seeds,
-    then targets). Records without ``ssim_random`` (written before it was kept) give a control ``not checked``."""
+    ``ssim_random``, bench.cells) has its lower end >= ``SSIM_GAP_MIN`` (paired per target; every seed attacks the
+    same targets, so seeds and targets are resampled independently, ``bench.bootstrap.crossed``; else seeds, then
+    targets). Records without ``ssim_random`` (written before it was kept) give a control ``not checked``."""
     ok = [
         r
         for r in records
@@ -192,28 +196,33 @@ def reconstruction_controls(records: Iterable[dict]) -> list[Control]:
             == (preset, task, attack, baseline, view)
         ]
         head = dict(task=task, preset=preset, view=view, baseline=baseline, attack=attack, kind="reconstruction")
-        groups = []
+        groups, maps = [], []
         for r in sorted(recs, key=lambda r: r.get("seed", 0)):
-            pc = r.get("per_candidate") or {}
-            s, z = pc.get("score"), (pc.get("variants") or {}).get("ssim_random")
-            if s and z and len(s) == len(z):
-                groups.append(np.asarray(s, float) - np.asarray(z, float))
+            s, z = target_values(r, "ssim"), target_values(r, "ssim_random")
+            if s and z and set(s) == set(z):
+                maps.append({i: s[i] - z[i] for i in s})
+                groups.append(np.array([maps[-1][i] for i in sorted(s)]))
         if not groups:
             why = f"{NOT_CHECKED}: no random-image control (ssim_random) in the records; re-run the cells"
             out.append(Control(**head, passed=False, reason=why))
             continue
         rng = np.random.default_rng(zlib.crc32(f"{preset}|{task}|{attack}|{baseline}|{view}".encode()))
-
-        def draw(g, b, r):
-            return g[r.integers(0, len(g), (b, len(g)))].mean(1)
-
         gap = float(np.mean([g.mean() for g in groups]))
-        lo = percentile_interval(hierarchical(groups, draw, rng, N_BOOT))[0]
+        table = aligned(maps)
+        if table is not None:  # every seed attacked the same targets: seeds and targets resampled independently
+            (reps,) = crossed([table], rng, N_BOOT)
+        else:
+
+            def draw(g, b, r):
+                return g[r.integers(0, len(g), (b, len(g)))].mean(1)
+
+            reps = hierarchical(groups, draw, rng, N_BOOT)
+        lo = percentile_interval(reps)[0]
         passed = lo >= SSIM_GAP_MIN
         reason = (
             f"{attack} SSIM minus random images' on the same targets {gap:+.3f}, interval lower end "
             f"{_near(lo, SSIM_GAP_MIN)} {'>=' if passed else '<'} {SSIM_GAP_MIN} "
-            f"({len(groups)} seed(s) x {len(groups[0])} targets)"
+            f"({len(groups)} seed(s) x {'the same ' if table is not None else ''}{len(groups[0])} targets)"
         )
         out.append(Control(**head, passed=passed, reason=reason, gap=gap, gap_lo=lo, paired=True))
     return out

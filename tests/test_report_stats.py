@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 
 from bench import controls
-from bench.bootstrap import auroc_rows, paired_groups, paired_replicates, percentile_interval, rank_rows
+from bench.bootstrap import (
+    aligned,
+    auroc_rows,
+    crossed,
+    hierarchical,
+    paired_groups,
+    paired_replicates,
+    percentile_interval,
+    rank_rows,
+)
 from bench.metrics import membership_metrics, membership_point
 from bench.report import reported
 from bench.report.leaderboards import write_leaderboards
@@ -101,7 +110,7 @@ def test_a_reconstruction_row_minus_itself_is_zero_paired(tmp_path):
     d = difference(res, recs, recs, "ssim")
 
     assert (d.value, d.lo, d.hi) == (0.0, 0.0, 0.0)
-    assert d.method == "paired bootstrap over seeds x 36 shared targets" and mde(d) == 0.0
+    assert d.method == "paired bootstrap over 3 seeds x 12 targets (crossed)" and mde(d) == 0.0
 
 
 def test_reconstruction_rows_sharing_target_ids_are_paired_by_id(tmp_path):
@@ -122,7 +131,7 @@ def test_reconstruction_rows_sharing_target_ids_are_paired_by_id(tmp_path):
     u = unpaired_difference(res.metric(a, "ssim"), res.metric(b, "ssim"))
 
     # assert: aligned by id on the 12 shared targets of each seed; the unpaired interval cannot tell
-    assert d.method == d_psnr.method == "paired bootstrap over seeds x 24 shared targets"
+    assert d.method == d_psnr.method == "paired bootstrap over 2 seeds x 12 targets (crossed)"
     assert d.value == pytest.approx(-0.1, abs=0.01) and d.hi < 0
     assert d_psnr.value == pytest.approx(-1.0, abs=0.1) and d_psnr.hi < 0  # psnr from per_candidate.variants
     assert u.lo < 0 < u.hi and d.hi - d.lo < (u.hi - u.lo) / 5
@@ -421,3 +430,44 @@ def test_statistic_on_drawn_indices_equals_it_on_drawn_values_exactly(metric, ki
         got = stat.drawn(Drawn(pos, neg), i, m)
 
         assert np.array_equal(got, stat(pos[i], neg[m]), equal_nan=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# crossed designs: every seed attacks the same targets
+
+
+def test_the_crossed_bootstrap_covers_a_persistent_target_effect_that_the_nested_one_misses():
+    # arrange: 3 seeds x the same 8 targets; each target's difficulty persists across seeds (sd 0.2), the seeds
+    # add little (sd 0.05): the mean's uncertainty is mostly which 8 targets were drawn
+    rng = np.random.default_rng(0)
+    n_sim, covered_crossed, covered_nested = 300, 0, 0
+
+    def nested_draw(g, b, r):
+        return g[r.integers(0, len(g), (b, len(g)))].mean(1)
+
+    # act
+    for _ in range(n_sim):
+        table = 0.3 + rng.normal(0, 0.2, 8)[None, :] + rng.normal(0, 0.05, (3, 8))
+        lo, hi = percentile_interval(crossed([table], rng, 1000)[0])
+        covered_crossed += lo <= 0.3 <= hi
+        lo, hi = percentile_interval(hierarchical(list(table), nested_draw, rng, 1000))
+        covered_nested += lo <= 0.3 <= hi
+
+    # assert: near the nominal 95% (8 targets: the percentile bootstrap runs a little short) against ~75%
+    assert covered_crossed / n_sim >= 0.85
+    assert covered_nested / n_sim <= 0.80
+
+
+def test_crossed_replicates_share_one_draw_across_tables_and_reduce_to_the_target_bootstrap_with_one_seed():
+    rng = np.random.default_rng(3)
+    a = rng.uniform(0, 1, (3, 8))
+
+    ra, rb = crossed([a, a + 0.25], rng, 500)
+    (one,) = crossed([a[:1]], np.random.default_rng(4), 2000)
+
+    assert np.allclose(rb - ra, 0.25)  # the same seeds and targets drawn for both tables
+    assert one.mean() == pytest.approx(a[0].mean(), abs=0.01) and one.std() == pytest.approx(
+        a[0].std() / np.sqrt(8), rel=0.1
+    )
+    assert aligned([{"x": 1.0, "y": 2.0}, {"y": 3.0, "x": 4.0}]).tolist() == [[1.0, 2.0], [4.0, 3.0]]
+    assert aligned([{"x": 1.0}, {"y": 2.0}]) is None and aligned([{"x": 1.0}, None]) is None

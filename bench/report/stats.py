@@ -2,7 +2,9 @@
 (seeds, then candidates or samples; Efron & Tibshirani 1993, ch. 6), and the comparison of two estimates.
 
 Membership metrics with per-candidate scores are bootstrapped over seeds and, within each drawn seed, over
-members and non-members (stratified); reconstruction metrics likewise over seeds and images. Without
+members and non-members (stratified); reconstruction metrics over seeds and images, crossed where every seed
+attacked the same images (seeds and images resampled independently: the pigeonhole bootstrap, [Pigeonhole],
+``bench.bootstrap.crossed``). Without
 per-candidate scores a single seed keeps the record's own interval and several seeds use a normal
 approximation combining the per-seed intervals with the between-seed spread. Utility has one value per
 seed: a Student-t interval over seeds.
@@ -21,11 +23,14 @@ import numpy as np
 from ..bootstrap import (
     LEVEL,
     Drawn,
+    aligned,
     auroc_rows,
+    crossed,
     draw_stat,
     hierarchical,
     member_stat,
     percentile_interval,
+    target_values,
     tpr_at_fpr_rows,
     tpr_unreported,
 )
@@ -168,20 +173,28 @@ def _from_record_cis(ms: Sequence[dict]) -> Estimate:
 def sample_estimate(
     recs: Sequence[dict], metric: str, *, key: Any = "", transform=None, n_boot: int = N_BOOT
 ) -> Estimate | None:
-    """Mean of a per-sample metric (reconstruction: per image) over seeds x samples."""
+    """Mean of a per-sample metric (reconstruction: per image) over seeds x samples: crossed when every seed
+    attacked the same target ids (``bench.bootstrap.crossed``), else seeds, then samples within each."""
     groups = [np.asarray((r.get("per_sample") or {}).get(metric, []), float) for r in recs]
     groups = [g if transform is None else transform(g) for g in groups if len(g)]
     if not groups:
         ms = [r["metrics"][metric] for r in recs if metric in (r.get("metrics") or {})]
         return _from_record_cis(ms) if ms else None
     value = float(np.mean([g.mean() for g in groups]))
+    rng = _rng("sample", key, metric, transform is not None)
+    table = aligned([target_values(r, metric) for r in recs]) if len(groups) == len(recs) else None
+    if table is not None and len(groups) > 1:
+        (reps,) = crossed([table if transform is None else transform(table)], rng, n_boot)
+        design = f"{len(groups)} seeds x {table.shape[1]} targets (crossed)"
+    else:
 
-    def draw(g, b, rng):
-        return g[rng.integers(0, len(g), (b, len(g)))].mean(1)
+        def draw(g, b, r):
+            return g[r.integers(0, len(g), (b, len(g)))].mean(1)
 
-    reps = _hierarchical(groups, draw, _rng("sample", key, metric, transform is not None), n_boot)
+        reps = _hierarchical(groups, draw, rng, n_boot)
+        design = f"{'seeds x ' if len(groups) > 1 else ''}samples"
     lo, hi = _pct(reps)
-    return Estimate(value, lo, hi, len(groups), f"bootstrap over {'seeds x ' if len(groups) > 1 else ''}samples", reps)
+    return Estimate(value, lo, hi, len(groups), f"bootstrap over {design}", reps)
 
 
 def seed_estimate(values: Iterable[float]) -> Estimate | None:
