@@ -1,9 +1,8 @@
 """Resampling for membership scores, pure numpy/scipy (the harness's positive control and the reporting both use
 it): vectorised AUROC and TPR at a fixed FPR, the hierarchical bootstrap (seeds, then candidates within each
 drawn seed; Efron & Tibshirani 1993, ch. 6), and its paired form, where two rows scored on the same candidates
-(``per_candidate.id``) share every resampling, so their difference has the paired interval; where every seed
-attacked the same targets (reconstruction), seeds and targets are resampled independently (:func:`crossed`).
-Membership candidates are drawn per seed (60-73% of a default cell's ids recur in another seed): nested. Replicates are
+(``per_candidate.id``) share every resampling, so their difference has the paired interval; where the seeds
+share candidates or targets by id, ``bench.pigeonhole`` resamples seeds and ids independently instead. Replicates are
 computed from the draws' counts over one sort of each sample (:class:`Drawn`), not by ranking every replicate:
 the same numbers, ~7x faster for AUROC (tests/bench_bootstrap.py).
 """
@@ -12,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -128,14 +127,14 @@ class MemberStat:
     def __call__(self, pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
         if self.fpr is not None:
             return tpr_at_fpr_rows(pos, neg, self.fpr)
-        return self._of_auroc(auroc_rows(pos, neg))
+        return self.of_auroc(auroc_rows(pos, neg))
 
     def drawn(self, sample: Drawn, i: np.ndarray, m: np.ndarray) -> np.ndarray:
         if self.fpr is not None:
             return sample.tpr_at_fpr(i, m, self.fpr)
-        return self._of_auroc(sample.auroc(i, m))
+        return self.of_auroc(sample.auroc(i, m))
 
-    def _of_auroc(self, auc: np.ndarray) -> np.ndarray:
+    def of_auroc(self, auc: np.ndarray) -> np.ndarray:
         return np.abs(auc - 0.5) / 0.5 if self.metric == "advantage" else auc
 
 
@@ -185,7 +184,7 @@ def hierarchical(groups: list[Any], draw, rng: np.random.Generator, n_boot: int)
 
 
 # ----------------------------------------------------------------------------------------------
-# crossed designs: every seed attacked the same targets (reconstruction)
+# per-target values of reconstruction records
 
 TARGET_ALIASES = {"label_acc": "label_correct"}  # a record metric -> its per-target values' name
 
@@ -202,41 +201,8 @@ def target_values(rec: dict, metric: str) -> dict[str, float] | None:
     return {str(i): float(v) for i, v in zip(ids, vals)}
 
 
-def aligned(maps: Sequence[dict[str, float] | None]) -> np.ndarray | None:
-    """A seeds x targets table of per-seed {target id: value} maps over the same ids (columns in sorted id order);
-    None when a map is missing or the seeds' targets differ (the design is then not crossed)."""
-    if not maps or any(m is None for m in maps):
-        return None
-    ids = sorted(maps[0])  # type: ignore[arg-type]
-    if not ids or any(set(m) != set(ids) for m in maps):  # type: ignore[arg-type]
-        return None
-    return np.array([[m[i] for i in ids] for m in maps], float)  # type: ignore[index]
-
-
-def _weights(n_boot: int, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Bootstrap weights: row b holds how often each of ``n`` units is drawn in ``n`` draws, divided by ``n``."""
-    if n == 1:
-        return np.ones((n_boot, 1))
-    idx = rng.integers(0, n, (n_boot, n)) + n * np.arange(n_boot)[:, None]
-    return np.bincount(idx.ravel(), minlength=n_boot * n).reshape(n_boot, n) / n
-
-
-def crossed(tables: Sequence[np.ndarray], rng: np.random.Generator, n_boot: int) -> tuple[np.ndarray, ...]:
-    """Replicates of the mean of each seeds x targets table (same shape) when every seed attacked the same targets:
-    seeds and targets resampled independently, once per replicate and shared by all tables (the pigeonhole
-    bootstrap of a crossed design, [Pigeonhole]). Resampling targets anew within each seed
-    would count a target that is easy in every seed as if each seed had drawn fresh ones, and narrow the
-    interval by up to a factor of sqrt(seeds) (tests/test_report_stats.py: coverage on simulated data)."""
-    k, t = tables[0].shape
-    w, u = _weights(n_boot, k, rng), _weights(n_boot, t, rng)
-    return tuple(np.einsum("bk,kt,bt->b", w, v, u) for v in tables)
-
-
 # ----------------------------------------------------------------------------------------------
 # paired rows: the same candidates (by id) in the same seeds
-
-
-PairedGroup = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # members a, non-members a, members b, non-m. b
 
 
 def candidates(rec: dict, variant: str | None = None) -> dict[str, tuple[float, int]] | None:
@@ -261,33 +227,6 @@ def shared_by_seed(by_a: dict, by_b: dict) -> list[tuple[dict, dict, list[str]]]
     return out
 
 
-def paired_groups(
-    recs_a: Sequence[dict], recs_b: Sequence[dict], *, variant_a: str | None = None, variant_b: str | None = None
-) -> list[PairedGroup] | None:
-    """Per seed both rows have, the two rows' scores on their shared candidates, aligned by id (sorted ids);
-    None when the rows cannot be paired (no ids, no shared seed, or no shared member / non-member)."""
-    by_a = {r.get("seed", 0): candidates(r, variant_a) for r in recs_a}
-    by_b = {r.get("seed", 0): candidates(r, variant_b) for r in recs_b}
-    seeds = shared_by_seed(by_a, by_b)
-    if seeds is None:
-        return None
-    groups: list[PairedGroup] = []
-    for a, b, shared in seeds:
-        mem = [i for i in shared if a[i][1] == 1 and b[i][1] == 1]
-        non = [i for i in shared if a[i][1] == 0 and b[i][1] == 0]
-        if not mem or not non:
-            continue
-        groups.append(
-            (
-                np.array([a[i][0] for i in mem]),
-                np.array([a[i][0] for i in non]),
-                np.array([b[i][0] for i in mem]),
-                np.array([b[i][0] for i in non]),
-            )
-        )
-    return groups or None
-
-
 def paired_hierarchical(
     groups: list[Any], draw, rng: np.random.Generator, n_boot: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -304,26 +243,3 @@ def paired_hierarchical(
                 tot_a[rows] += va
                 tot_b[rows] += vb
     return tot_a / seed_idx.shape[1], tot_b / seed_idx.shape[1]
-
-
-def paired_replicates(
-    groups: list[PairedGroup], stat: Stat, rng: np.random.Generator, n_boot: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Replicates of both rows' statistic (mean over drawn seeds) under one shared resampling: seeds, then the
-    members and the non-members of each drawn seed (the same indices for both rows)."""
-    samples = [(Drawn(pa, na), Drawn(pb, nb)) for pa, na, pb, nb in groups]
-
-    def draw(pair: tuple[Drawn, Drawn], n: int, r: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        a, b = pair
-        i = r.integers(0, len(a.pos), (n, len(a.pos)))
-        m = r.integers(0, len(a.neg), (n, len(a.neg)))
-        return on_draws(stat, a, i, m), on_draws(stat, b, i, m)
-
-    return paired_hierarchical(samples, draw, rng, n_boot)
-
-
-def paired_points(groups: list[PairedGroup], stat: Stat) -> tuple[float, float]:
-    """Both rows' statistic on their shared candidates, averaged over the shared seeds."""
-    a = np.mean([stat(pa[None], na[None])[0] for pa, na, _, _ in groups])
-    b = np.mean([stat(pb[None], nb[None])[0] for _, _, pb, nb in groups])
-    return float(a), float(b)

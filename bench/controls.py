@@ -24,20 +24,8 @@ from typing import Iterable
 
 import numpy as np
 
-from .bootstrap import (
-    AUROC,
-    Drawn,
-    aligned,
-    auroc_rows,
-    crossed,
-    draw_stat,
-    hierarchical,
-    paired_groups,
-    paired_points,
-    paired_replicates,
-    percentile_interval,
-    target_values,
-)
+from .bootstrap import AUROC, Drawn, auroc_rows, draw_stat, hierarchical, percentile_interval, target_values
+from .pigeonhole import aligned, crossed, pigeonhole, points, record_seeds
 
 AUROC_MIN = 0.75
 GAP_MIN = 0.10
@@ -89,10 +77,10 @@ def _auroc(recs: list[dict], rng: np.random.Generator) -> tuple[float, np.ndarra
 
 def _gap(mine: list[dict], base: list[dict], rng: np.random.Generator) -> tuple[float, float, bool] | None:
     """(AUROC gap over the base model, its interval's lower end, paired?)."""
-    groups = paired_groups(mine, base)
-    if groups is not None:
-        a, b = paired_points(groups, auroc_rows)
-        ra, rb = paired_replicates(groups, AUROC, rng, N_BOOT)
+    seeds = record_seeds([mine, base], [None, None])
+    if seeds is not None:
+        a, b = points(seeds, AUROC)
+        ra, rb = pigeonhole(seeds, AUROC, rng, N_BOOT)
         return a - b, percentile_interval(ra - rb)[0], True
     ea, eb = _auroc(mine, rng), _auroc(base, rng)
     if ea is None or eb is None:
@@ -176,7 +164,7 @@ def reconstruction_controls(records: Iterable[dict]) -> list[Control]:
     """One ``Control`` per (preset, task, reconstruction attack, undefended baseline, view): passed when the 95%
     interval of the attack's SSIM minus the SSIM of uniform random images on the same targets (the record's
     ``ssim_random``, bench.cells) has its lower end >= ``SSIM_GAP_MIN`` (paired per target; every seed attacks the
-    same targets, so seeds and targets are resampled independently, ``bench.bootstrap.crossed``; else seeds, then
+    same targets, so seeds and targets are resampled independently, ``bench.pigeonhole.crossed``; else seeds, then
     targets). Records without ``ssim_random`` (written before it was kept) give a control ``not checked``."""
     ok = [
         r

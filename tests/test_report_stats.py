@@ -5,19 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy.stats import norm
 
 from bench import controls
-from bench.bootstrap import (
-    aligned,
-    auroc_rows,
-    crossed,
-    hierarchical,
-    paired_groups,
-    paired_replicates,
-    percentile_interval,
-    rank_rows,
-)
+from bench.bootstrap import AUROC, Drawn, MemberStat, draw_stat, hierarchical, percentile_interval, rank_rows
 from bench.metrics import membership_metrics, membership_point
+from bench.pigeonhole import Seed, aligned, crossed, pigeonhole, record_seeds, weighted
 from bench.report import reported
 from bench.report.leaderboards import write_leaderboards
 from bench.report.paired import difference, mde, paired_difference, unpaired_difference
@@ -72,8 +65,9 @@ def test_paired_interval_of_two_independent_chance_rows_covers_zero_about_95_per
     y = np.array([1] * n + [0] * n)
     for _ in range(sims):
         a, b = rng.normal(size=2 * n), rng.normal(size=2 * n)  # no leakage in either row, independent
-        groups = [(a[y == 1], a[y == 0], b[y == 1], b[y == 0])]
-        ra, rb = paired_replicates(groups, auroc_rows, rng, 400)
+        ids = [str(i) for i in range(2 * n)]
+        seeds = [Seed(ids[:n], ids[n:], [a[y == 1], b[y == 1]], [a[y == 0], b[y == 0]])]
+        ra, rb = pigeonhole(seeds, AUROC, rng, 400)
         lo, hi = percentile_interval(ra - rb)
         covered += lo <= 0 <= hi
 
@@ -84,7 +78,7 @@ def test_without_candidate_ids_the_difference_is_unpaired_and_says_so(tmp_path):
     res = write(tmp_path, [rec(defense="fedavg", strength=2.0, ids=False), rec(defense="x", strength=0.0, ids=False)])
     a, b = res.select(defense="fedavg"), res.select(defense="x")
 
-    assert paired_groups(a, b) is None
+    assert record_seeds([a, b], [None, None]) is None
     d = difference(res, a, b, "auroc", leak=False)
 
     assert d.method.startswith("unpaired") and d.lo > 0
@@ -471,3 +465,43 @@ def test_crossed_replicates_share_one_draw_across_tables_and_reduce_to_the_targe
     )
     assert aligned([{"x": 1.0, "y": 2.0}, {"y": 3.0, "x": 4.0}]).tolist() == [[1.0, 2.0], [4.0, 3.0]]
     assert aligned([{"x": 1.0}, {"y": 2.0}]) is None and aligned([{"x": 1.0}, None]) is None
+
+
+def test_the_weighted_statistics_equal_the_drawn_ones_on_the_same_draws():
+    # arrange: 300 members and 300 non-members with ties; 50 bootstrap draws as index arrays and as counts
+    rng = np.random.default_rng(5)
+    pos, neg = np.round(rng.normal(0.5, 1, 300), 1), np.round(rng.normal(0, 1, 300), 1)
+    i, m = rng.integers(0, 300, (50, 300)), rng.integers(0, 300, (50, 300))
+    wp = np.stack([np.bincount(r, minlength=300) for r in i]).astype(float)
+    wn = np.stack([np.bincount(r, minlength=300) for r in m]).astype(float)
+
+    for stat in (AUROC, MemberStat("advantage"), MemberStat("tpr@0.05fpr", 0.05)):
+        # act
+        got = weighted(stat, pos, neg, wp, wn)
+        # assert
+        assert np.allclose(got, stat.drawn(Drawn(pos, neg), i, m)), stat.metric
+
+
+def test_the_pigeonhole_bootstrap_covers_candidates_shared_by_every_seed_where_the_nested_one_does_not():
+    # arrange: the same 40 + 40 candidates in 5 seeds; each candidate's score level persists across seeds (sd 1),
+    # a seed moves it a little (sd 0.1): the population AUROC is Phi(d / sqrt(2 x 1.01))
+    rng = np.random.default_rng(2)
+    d, n, sims = 1.0, 40, 200
+    truth = norm.cdf(d / np.sqrt(2 * 1.01))
+    ids = [str(i) for i in range(2 * n)]
+    covered_pigeonhole = covered_nested = 0
+
+    # act
+    for _ in range(sims):
+        level = np.concatenate([rng.normal(d, 1, n), rng.normal(0, 1, n)])
+        scores = [level + rng.normal(0, 0.1, 2 * n) for _ in range(5)]
+        seeds = [Seed(ids[:n], ids[n:], [s[:n]], [s[n:]]) for s in scores]
+        lo, hi = percentile_interval(pigeonhole(seeds, AUROC, rng, 400)[0])
+        covered_pigeonhole += lo <= truth <= hi
+        groups = [Drawn(s[:n], s[n:]) for s in scores]
+        lo, hi = percentile_interval(hierarchical(groups, lambda g, b, r: draw_stat(AUROC, g, b, r), rng, 400))
+        covered_nested += lo <= truth <= hi
+
+    # assert
+    assert covered_pigeonhole / sims >= 0.88  # 0.92-0.97 over three generator seeds
+    assert covered_nested / sims <= 0.75  # 0.58-0.64: the same candidates counted as 5 independent draws

@@ -1,10 +1,10 @@
 """Differences between two leaderboard rows, paired where they can be.
 
 When both rows scored the same candidates (``per_candidate.id``) in the same seeds, the difference is bootstrapped
-with one resampling shared by both rows (seeds, then members and non-members: ``bench.bootstrap``; reconstruction:
-seeds, then targets: ``bench.report.targets``), so the noise of drawing candidates cancels; a row minus itself is
-exactly [0, 0]. Without ids it falls back to the difference of independent replicates (unpaired, wider) and says
-so in ``method``.
+with one resampling shared by both rows (seeds, and members and non-members by id across seeds:
+``bench.pigeonhole``; reconstruction: seeds and targets, ``bench.report.targets``), so the noise of drawing
+candidates cancels; a row minus itself is exactly [0, 0]. Without ids it falls back to the difference of
+independent replicates (unpaired, wider) and says so in ``method``.
 
 Minimum detectable effect (MDE) at this sample size: ``MDE_FACTOR`` x SE of the difference, SE the standard
 deviation of its bootstrap replicates (else the 95% interval's half-width / 1.96). 2.8 = z(0.975) + z(0.80) =
@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..bootstrap import member_stat, paired_groups, paired_points, paired_replicates
+from ..bootstrap import member_stat
+from ..pigeonhole import describe, pigeonhole, points, record_seeds
 from .stats import N_BOOT, Estimate, _pct, _rng, leakage, unresolvable
 from .targets import paired_target_difference
 
@@ -55,18 +56,16 @@ def paired_difference(
     why = unresolvable(list(recs_a) + list(recs_b), metric)
     if why:
         return Estimate(math.nan, method="not reported", note=why)
-    groups = paired_groups(recs_a, recs_b, variant_a=variant_a, variant_b=variant_b)
-    if groups is None:
+    seeds = record_seeds([recs_a, recs_b], [variant_a, variant_b])
+    if seeds is None:
         return None
     f = transform or (lambda x: x)
-    pa, pb = paired_points(groups, stat)
-    ra, rb = paired_replicates(groups, stat, _rng("paired", key, metric), n_boot)
+    pa, pb = points(seeds, stat)
+    ra, rb = pigeonhole(seeds, stat, _rng("paired", key, metric), n_boot)
     reps = f(ra) - f(rb)
     lo, hi = _pct(reps)
-    n1, n0 = sum(len(g[0]) for g in groups), sum(len(g[1]) for g in groups)
-    seeds = "seeds x " if len(groups) > 1 else ""
     value = float(f(np.array([pa]))[0] - f(np.array([pb]))[0])
-    return Estimate(value, lo, hi, len(groups), f"paired bootstrap over {seeds}{n1}+{n0} shared candidates", reps)
+    return Estimate(value, lo, hi, len(seeds), f"paired bootstrap over {describe(seeds)}", reps)
 
 
 def unpaired_difference(a: Estimate | None, b: Estimate | None) -> Estimate | None:

@@ -4,7 +4,7 @@
 Membership metrics with per-candidate scores are bootstrapped over seeds and, within each drawn seed, over
 members and non-members (stratified); reconstruction metrics over seeds and images, crossed where every seed
 attacked the same images (seeds and images resampled independently: the pigeonhole bootstrap, [Pigeonhole],
-``bench.bootstrap.crossed``). Without
+``bench.pigeonhole.crossed``). Without
 per-candidate scores a single seed keeps the record's own interval and several seeds use a normal
 approximation combining the per-seed intervals with the between-seed spread. Utility has one value per
 seed: a Student-t interval over seeds.
@@ -23,9 +23,7 @@ import numpy as np
 from ..bootstrap import (
     LEVEL,
     Drawn,
-    aligned,
     auroc_rows,
-    crossed,
     draw_stat,
     hierarchical,
     member_stat,
@@ -34,6 +32,7 @@ from ..bootstrap import (
     tpr_at_fpr_rows,
     tpr_unreported,
 )
+from ..pigeonhole import aligned, crossed, describe, pigeonhole, points, record_seeds
 from ..store import stable_hash
 
 __all__ = ["LEVEL", "N_BOOT", "Estimate", "auroc_rows", "tpr_at_fpr_rows"]  # re-exported for the tables and tests
@@ -137,6 +136,11 @@ def membership_estimate(
     if not recs:
         return None
     stat = member_stat(metric)
+    seeds = record_seeds([recs], [variant]) if stat is not None else None
+    if stat is not None and seeds is not None and len(seeds) == len(recs):  # by id: seeds share candidates
+        (reps,) = pigeonhole(seeds, stat, _rng("member", key, metric), n_boot)
+        lo, hi = _pct(reps)
+        return Estimate(points(seeds, stat)[0], lo, hi, len(recs), f"bootstrap over {describe(seeds)}", reps)
     samples = [(scores_of(r), (r.get("per_candidate") or {}).get("member")) for r in recs]
     if stat is not None and all(sc and y and len(sc) == len(y) for sc, y in samples):
         groups = []
@@ -174,7 +178,7 @@ def sample_estimate(
     recs: Sequence[dict], metric: str, *, key: Any = "", transform=None, n_boot: int = N_BOOT
 ) -> Estimate | None:
     """Mean of a per-sample metric (reconstruction: per image) over seeds x samples: crossed when every seed
-    attacked the same target ids (``bench.bootstrap.crossed``), else seeds, then samples within each."""
+    attacked the same target ids (``bench.pigeonhole.crossed``), else seeds, then samples within each."""
     groups = [np.asarray((r.get("per_sample") or {}).get(metric, []), float) for r in recs]
     groups = [g if transform is None else transform(g) for g in groups if len(g)]
     if not groups:

@@ -4,7 +4,7 @@ A reconstruction record keeps each target's metrics by target id (``per_candidat
 ``primary`` metric, the others are ``variants``; ``bench.recon_cells.per_target``). Every defense and seed of a task
 attacks the same targets, so two rows' difference is bootstrapped with one resampling shared by both: when every
 shared seed holds the same shared targets (the design is crossed), seeds and targets are resampled independently
-(``bench.bootstrap.crossed``); otherwise seeds, then the shared targets of each drawn seed (the same indices for
+(``bench.pigeonhole.crossed``); otherwise seeds, then the shared targets of each drawn seed (the same indices for
 both rows). Records without target ids (written before they were kept) cannot be paired: None, and the caller
 falls back to the unpaired difference.
 """
@@ -15,7 +15,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..bootstrap import crossed, paired_hierarchical, shared_by_seed, target_values
+from ..bootstrap import paired_hierarchical, shared_by_seed, target_values
+from ..pigeonhole import crossed
 from .stats import N_BOOT, Estimate, _pct, _rng
 
 TargetGroup = tuple[np.ndarray, np.ndarray]  # one seed: row a's and row b's values on the shared targets
