@@ -12,8 +12,8 @@ across scenarios ``reported_vs_measured.csv``, ``claims.csv`` / ``claims.md``, `
 generators are seeded from the cell's identity, floats are written with ``%.6g``.
 
 Intervals (95%): membership metrics with per-candidate scores in the record are bootstrapped over
-seeds and, within each drawn seed, over members and non-members (stratified, hierarchical
-bootstrap; Efron & Tibshirani 1993, ch. 6); reconstruction metrics likewise over seeds and images.
+seeds and, independently, over member and non-member ids drawn once for all seeds (stratified; seeds share most
+candidates: the pigeonhole bootstrap, ``bench.pigeonhole``); reconstruction metrics over seeds and target ids.
 Without per-candidate scores a single seed keeps the record's own interval and several seeds use a
 normal approximation combining the per-seed intervals with the between-seed spread. Utility has one
 value per seed: a Student-t interval over seeds. Two rows differ only when the bootstrap interval of

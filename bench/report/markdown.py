@@ -195,7 +195,7 @@ LEGEND = (
     "the same candidates, paired bootstrap; `(unpaired)` where the records carry no candidate ids), AUROC, "
     "TPR at 5%, 1% and 0.1% FPR (`n/a` below 10/FPR non-members: 200, 1,000, 10,000); reconstruction: mean "
     "SSIM and PSNR over images (rows compared paired on the same target images where records name them). "
-    "[95% interval: bootstrap over seeds, then candidates or images]. **Bold**: the "
+    "[95% interval: bootstrap over seeds and, independently, candidate or image ids]. **Bold**: the "
     "column's best group (lowest leakage, AUROC ranked by its distance from 0.5, and every row a paired "
     "comparison cannot tell apart from it; a row whose utility collapsed never is). "
     "\u25bc / \u25b2: significantly less / more leakage than the undefended baseline of the same protocol "

@@ -1,13 +1,12 @@
-"""Statistics of the leaderboards: point estimates with 95% intervals, the hierarchical bootstrap
-(seeds, then candidates or samples; Efron & Tibshirani 1993, ch. 6), and the comparison of two estimates.
+"""Statistics of the leaderboards: point estimates with 95% intervals, the bootstrap over seeds and candidates
+(Efron & Tibshirani 1993, ch. 6), and the comparison of two estimates.
 
-Membership metrics with per-candidate scores are bootstrapped over seeds and, within each drawn seed, over
-members and non-members (stratified); reconstruction metrics over seeds and images, crossed where every seed
-attacked the same images (seeds and images resampled independently: the pigeonhole bootstrap, [Pigeonhole],
-``bench.pigeonhole.crossed``). Without
-per-candidate scores a single seed keeps the record's own interval and several seeds use a normal
-approximation combining the per-seed intervals with the between-seed spread. Utility has one value per
-seed: a Student-t interval over seeds.
+Membership metrics with per-candidate ids are bootstrapped over seeds and, independently, over member and
+non-member ids drawn once for all seeds (stratified: the seeds share most candidates, ``bench.pigeonhole``);
+reconstruction metrics over seeds and target ids (every seed attacks the same targets). Records without ids
+fall back to seeds, then candidates (or images) within each drawn seed. Without per-candidate scores a single
+seed keeps the record's own interval and several seeds use a normal approximation combining the per-seed
+intervals with the between-seed spread. Utility has one value per seed: a Student-t interval over seeds.
 """
 
 from __future__ import annotations
