@@ -18,7 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from bench.bootstrap import Drawn, member_stat
+from bench.bootstrap import Drawn, hierarchical, member_stat
+from bench.pigeonhole import Seed, pigeonhole
 from tests.benchlib import one_thread  # noqa: F401 - the fixture
 
 ROUNDS = 7
@@ -56,3 +57,40 @@ def test_bench_statistic_on_draw_counts_over_drawn_values(benchmark, metric):
         f"\n{metric} over {B} draws of {N} + {N}: drawn values {med['values'] * 1e3:.1f} ms, draw counts "
         f"{med['counts'] * 1e3:.1f} ms: {ratio:.1f}x"
     )
+
+
+@pytest.mark.benchmark(group="bootstrap")
+@pytest.mark.parametrize("metric", ["auroc", "tpr@0.05fpr"])
+def test_bench_pigeonhole_over_the_nested_bootstrap(benchmark, metric):
+    """3 seeds x the same 250 + 250 candidate ids (ldm-t2i's design): the leaderboard's bootstrap by id
+    (``bench.pigeonhole``) against the nested one it replaced (seeds, then candidates within each seed)."""
+    rng = np.random.default_rng(1)
+    ids = [str(i) for i in range(2 * N)]
+    scores = [np.concatenate([rng.normal(0.5, 1.0, N), rng.normal(0.0, 1.0, N)]) for _ in range(3)]
+    seeds = [Seed(ids[:N], ids[N:], [s[:N]], [s[N:]]) for s in scores]
+    groups = [Drawn(s[:N], s[N:]) for s in scores]
+    stat = member_stat(metric)
+    assert stat is not None
+    times: dict[str, list[float]] = {"nested": [], "pigeonhole": []}
+
+    def one_round():
+        for key, fn in (
+            ("nested", lambda: hierarchical(groups, lambda g, b, r: stat.drawn(g, *_draws(g, b, r)), rng, B)),
+            ("pigeonhole", lambda: pigeonhole(seeds, stat, rng, B)),
+        ):
+            t = time.thread_time()
+            fn()
+            times[key].append(time.thread_time() - t)
+
+    benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    med = {k: statistics.median(v[1:]) for k, v in times.items()}
+    ratio = med["pigeonhole"] / med["nested"]
+    benchmark.extra_info.update({f"{k}_s": v for k, v in med.items()}, cost_ratio=ratio)
+    print(
+        f"\n{metric}, 3 seeds x {N} + {N}, {B} replicates: nested {med['nested'] * 1e3:.1f} ms, pigeonhole "
+        f"{med['pigeonhole'] * 1e3:.1f} ms: {ratio:.2f}x the time"
+    )
+
+
+def _draws(g: Drawn, b: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    return rng.integers(0, len(g.pos), (b, len(g.pos))), rng.integers(0, len(g.neg), (b, len(g.neg)))
