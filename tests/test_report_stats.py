@@ -10,7 +10,7 @@ from scipy.stats import norm
 from bench import controls
 from bench.bootstrap import AUROC, Drawn, MemberStat, draw_stat, hierarchical, percentile_interval, rank_rows
 from bench.metrics import membership_metrics, membership_point
-from bench.pigeonhole import Seed, aligned, crossed, pigeonhole, record_seeds, weighted
+from bench.pigeonhole import Seed, aligned, crossed, pigeonhole, record_seeds, seeds_of, weighted
 from bench.report import reported
 from bench.report.leaderboards import write_leaderboards
 from bench.report.paired import difference, mde, paired_difference, unpaired_difference
@@ -505,3 +505,17 @@ def test_the_pigeonhole_bootstrap_covers_candidates_shared_by_every_seed_where_t
     # assert
     assert covered_pigeonhole / sims >= 0.88  # 0.92-0.97 over three generator seeds
     assert covered_nested / sims <= 0.75  # 0.58-0.64: the same candidates counted as 5 independent draws
+
+
+def test_seeds_keep_the_candidates_every_row_scored_with_the_same_membership():
+    a = {0: {"a": (0.9, 1), "b": (0.8, 1), "c": (0.1, 0), "d": (0.2, 0), "e": (0.3, 0)}, 1: None}
+    b = {0: {"a": (0.5, 1), "b": (0.4, 1), "c": (0.6, 1), "d": (0.1, 0)}}
+
+    (seed,) = seeds_of([a, b])  # seed 1: only row a has it
+
+    assert (seed.pos_ids, seed.neg_ids) == (["a", "b"], ["d"])  # c: labelled differently; e: row b lacks it
+    assert [x.tolist() for x in seed.pos] == [[0.9, 0.8], [0.5, 0.4]] and [x.tolist() for x in seed.neg] == [
+        [0.2],
+        [0.1],
+    ]
+    assert seeds_of([a, {1: b[0]}]) is None  # the shared seed's record of row a has no ids
