@@ -28,6 +28,26 @@ N, B = 250, 1000
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/benchlib.py
 
 
+def _race(benchmark, make, check=None) -> dict[str, float]:
+    """Median thread CPU time per side over ROUNDS rounds (the first dropped); ``make()`` gives one round's
+    {side: function}, the sides run back to back on the same inputs; ``check(outputs)`` asserts on them."""
+    times: dict[str, list[float]] = {}
+
+    def one_round():
+        out = {}
+        for key, fn in make().items():
+            t = time.thread_time()
+            out[key] = fn()
+            times.setdefault(key, []).append(time.thread_time() - t)
+        if check is not None:
+            check(out)
+
+    benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    med = {k: statistics.median(v[1:]) for k, v in times.items()}
+    benchmark.extra_info.update({f"{k}_s": v for k, v in med.items()})
+    return med
+
+
 @pytest.mark.benchmark(group="bootstrap")
 @pytest.mark.parametrize("metric", ["auroc", "tpr@0.05fpr"])
 def test_bench_statistic_on_draw_counts_over_drawn_values(benchmark, metric):
@@ -35,24 +55,14 @@ def test_bench_statistic_on_draw_counts_over_drawn_values(benchmark, metric):
     pos, neg = rng.normal(0.5, 1.0, N), rng.normal(0.0, 1.0, N)
     stat = member_stat(metric)
     assert stat is not None
-    times: dict[str, list[float]] = {"values": [], "counts": []}
-    out: dict[str, np.ndarray] = {}
 
-    def one_round():
+    def make():
         i, m = rng.integers(0, N, (B, N)), rng.integers(0, N, (B, N))
-        for key, fn in (
-            ("values", lambda: stat(pos[i], neg[m])),
-            ("counts", lambda: stat.drawn(Drawn(pos, neg), i, m)),
-        ):
-            t = time.thread_time()
-            out[key] = fn()
-            times[key].append(time.thread_time() - t)
-        assert np.array_equal(out["values"], out["counts"])
+        return {"values": lambda: stat(pos[i], neg[m]), "counts": lambda: stat.drawn(Drawn(pos, neg), i, m)}
 
-    benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    med = {k: statistics.median(v[1:]) for k, v in times.items()}
+    med = _race(benchmark, make, check=lambda out: np.testing.assert_array_equal(out["values"], out["counts"]))
     ratio = med["values"] / med["counts"]
-    benchmark.extra_info.update({f"{k}_s": v for k, v in med.items()}, speedup=ratio)
+    benchmark.extra_info.update(speedup=ratio)
     print(
         f"\n{metric} over {B} draws of {N} + {N}: drawn values {med['values'] * 1e3:.1f} ms, draw counts "
         f"{med['counts'] * 1e3:.1f} ms: {ratio:.1f}x"
@@ -71,21 +81,16 @@ def test_bench_pigeonhole_over_the_nested_bootstrap(benchmark, metric):
     groups = [Drawn(s[:N], s[N:]) for s in scores]
     stat = member_stat(metric)
     assert stat is not None
-    times: dict[str, list[float]] = {"nested": [], "pigeonhole": []}
 
-    def one_round():
-        for key, fn in (
-            ("nested", lambda: hierarchical(groups, lambda g, b, r: stat.drawn(g, *_draws(g, b, r)), rng, B)),
-            ("pigeonhole", lambda: pigeonhole(seeds, stat, rng, B)),
-        ):
-            t = time.thread_time()
-            fn()
-            times[key].append(time.thread_time() - t)
+    def make():
+        return {
+            "nested": lambda: hierarchical(groups, lambda g, b, r: stat.drawn(g, *_draws(g, b, r)), rng, B),
+            "pigeonhole": lambda: pigeonhole(seeds, stat, rng, B),
+        }
 
-    benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1, warmup_rounds=1)
-    med = {k: statistics.median(v[1:]) for k, v in times.items()}
+    med = _race(benchmark, make)
     ratio = med["pigeonhole"] / med["nested"]
-    benchmark.extra_info.update({f"{k}_s": v for k, v in med.items()}, cost_ratio=ratio)
+    benchmark.extra_info.update(cost_ratio=ratio)
     print(
         f"\n{metric}, 3 seeds x {N} + {N}, {B} replicates: nested {med['nested'] * 1e3:.1f} ms, pigeonhole "
         f"{med['pigeonhole'] * 1e3:.1f} ms: {ratio:.2f}x the time"
