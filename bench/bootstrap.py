@@ -168,6 +168,11 @@ def percentile_interval(reps: np.ndarray) -> tuple[float, float]:
     return float(np.percentile(reps, a)), float(np.percentile(reps, 100 - a))
 
 
+def mean_of_draws(values: np.ndarray, b: int, rng: np.random.Generator) -> np.ndarray:
+    """The mean of ``b`` bootstrap draws of ``values`` (a ``draw`` for :func:`hierarchical` over per-sample values)."""
+    return values[rng.integers(0, len(values), (b, len(values)))].mean(1)
+
+
 def hierarchical(groups: list[Any], draw, rng: np.random.Generator, n_boot: int) -> np.ndarray:
     """Bootstrap replicates: resample seeds, then ``draw(group, n_rows, rng)`` within each drawn seed."""
     k = len(groups)

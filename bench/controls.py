@@ -24,7 +24,16 @@ from typing import Iterable
 
 import numpy as np
 
-from .bootstrap import AUROC, Drawn, auroc_rows, draw_stat, hierarchical, percentile_interval, target_values
+from .bootstrap import (
+    AUROC,
+    Drawn,
+    auroc_rows,
+    draw_stat,
+    hierarchical,
+    mean_of_draws,
+    percentile_interval,
+    target_values,
+)
 from .pigeonhole import aligned, crossed, pigeonhole, points, record_seeds
 
 AUROC_MIN = 0.75
@@ -200,11 +209,7 @@ def reconstruction_controls(records: Iterable[dict]) -> list[Control]:
         if table is not None:  # every seed attacked the same targets: seeds and targets resampled independently
             (reps,) = crossed([table], rng, N_BOOT)
         else:
-
-            def draw(g, b, r):
-                return g[r.integers(0, len(g), (b, len(g)))].mean(1)
-
-            reps = hierarchical(groups, draw, rng, N_BOOT)
+            reps = hierarchical(groups, mean_of_draws, rng, N_BOOT)
         lo = percentile_interval(reps)[0]
         passed = lo >= SSIM_GAP_MIN
         reason = (

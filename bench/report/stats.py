@@ -25,6 +25,7 @@ from ..bootstrap import (
     auroc_rows,
     draw_stat,
     hierarchical,
+    mean_of_draws,
     member_stat,
     percentile_interval,
     target_values,
@@ -190,11 +191,7 @@ def sample_estimate(
         (reps,) = crossed([table if transform is None else transform(table)], rng, n_boot)
         design = f"{len(groups)} seeds x {table.shape[1]} targets (crossed)"
     else:
-
-        def draw(g, b, r):
-            return g[r.integers(0, len(g), (b, len(g)))].mean(1)
-
-        reps = _hierarchical(groups, draw, rng, n_boot)
+        reps = _hierarchical(groups, mean_of_draws, rng, n_boot)
         design = f"{'seeds x ' if len(groups) > 1 else ''}samples"
     lo, hi = _pct(reps)
     return Estimate(value, lo, hi, len(groups), f"bootstrap over {design}", reps)
