@@ -205,12 +205,15 @@ class DiffusionSpec:
 class DiffusionOps:
     """Per-timestep hooks of a diffusion scenario (:mod:`bench.signals`, MP-/SMP-LoRA):
     ``loss_at_timestep(model, batch, t) -> [B]``, ``denoise_error(model, batch, ...) -> [B]`` (the proxy
-    attack's signal) and optionally ``loss_at_timesteps(model, batch, ts) -> [B, len(ts)]`` (one encoder
-    pass for all timesteps)."""
+    attack's signal), optionally ``loss_at_timesteps(model, batch, ts) -> [B, len(ts)]`` (one encoder
+    pass for all timesteps) and ``prepare(model, batch, ts) -> batch`` (the batch with its data-dependent
+    inputs computed ahead, so per-sample gradients run under ``torch.func.vmap``; ``ts`` empty: the
+    ``per_sample_loss`` steps)."""
 
     loss_at_timestep: Callable[[ScenarioModel, Any, int], Tensor]
     denoise_error: Callable[..., Tensor]
     loss_at_timesteps: Callable[[ScenarioModel, Any, Sequence[int]], Tensor] | None = None
+    prepare: Callable[[ScenarioModel, Any, Sequence[int]], Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -350,6 +350,8 @@ def _device(model: nn.Module) -> torch.device:
 
 def _latents(model: LatentDiffusion, batch: dict[str, Tensor]) -> Tensor:
     dev = _device(model)
+    if "z0" in batch:  # precomputed by :func:`prepare_batch`
+        return batch["z0"].to(dev)
     return model.encode(batch["image"].to(dev), batch["key"].tolist())
 
 
@@ -383,9 +385,14 @@ def loss_at_timesteps(
     """[B, len(timesteps)] per-sample mean squared denoising error at each timestep (deterministic noise)."""
     z0 = _latents(model, batch)
     text = batch["text"].to(z0.device)
-    keys = batch["key"].tolist()
     B, K = z0.shape[0], len(timesteps)
-    noise = torch.stack([eval_noise(keys, int(t), z0.shape[1:]) for t in timesteps], dim=1).to(z0.device)  # [B,K,...]
+    noise = batch.get("noise")  # [B, K, ...]: precomputed by :func:`prepare_batch` for these timesteps
+    if noise is None:
+        keys = batch["key"].tolist()
+        noise = torch.stack([eval_noise(keys, int(t), z0.shape[1:]) for t in timesteps], dim=1)
+    elif noise.shape[1] != K:
+        raise ValueError(f"the batch's precomputed noise covers {noise.shape[1]} timesteps, asked for {K}")
+    noise = noise.to(z0.device)
     tt = torch.tensor([int(t) for t in timesteps], device=z0.device).repeat(B)
     flat_z = z0.repeat_interleave(K, dim=0)
     flat_text = text.repeat_interleave(K, dim=0)
@@ -397,6 +404,18 @@ def loss_at_timesteps(
         for i in range(0, B * K, chunk)
     ]
     return torch.cat(out).view(B, K)
+
+
+def prepare_batch(model: LatentDiffusion, batch: dict[str, Tensor], timesteps: Sequence[int]) -> dict[str, Tensor]:
+    """``batch`` with its item-keyed inputs computed ahead: the latents (``z0``) and the evaluation noise at
+    ``timesteps`` (``noise`` [B, K, ...]; :func:`per_sample_loss`'s own steps when empty). Both are looked up by
+    the items' hashes (``key.tolist()``), which ``torch.func.vmap`` cannot run; with them in the batch the loss
+    is a plain tensor function, so per-sample gradients batch. The same values: the loss is unchanged."""
+    steps = [int(t) for t in timesteps] or eval_timesteps(model.num_timesteps)
+    z0 = _latents(model, batch)
+    keys = batch["key"].tolist()
+    noise = torch.stack([eval_noise(keys, t, z0.shape[1:]) for t in steps], dim=1)
+    return {**batch, "z0": z0, "noise": noise.to(z0.device)}
 
 
 def loss_at_timestep(model: LatentDiffusion, batch: dict[str, Tensor], t: int) -> Tensor:

@@ -106,6 +106,32 @@ def test_per_sample_loss_is_deterministic_per_item_and_averages_ten_timesteps():
     assert (together > 0).all()
 
 
+def test_prepared_batches_give_the_same_losses_and_per_sample_gradients_run_under_vmap(smoke_task):
+    import warnings
+
+    from bench.loss_signals import per_sample_grad_norms
+
+    api, model = smoke_task.api, smoke_task.api.build_model()
+    items = [smoke_task.nonmembers[i] for i in range(5)]
+    batch, steps = ldm.collate(items), [100, 500, 900]
+    with torch.no_grad():
+        plain = ldm.loss_at_timesteps(model, batch, steps)
+        ready = ldm.loss_at_timesteps(model, ldm.prepare_batch(model, batch, steps), steps)
+        assert torch.equal(
+            ldm.per_sample_loss(model, ldm.prepare_batch(model, batch, [])), ldm.per_sample_loss(model, batch)
+        )
+    assert torch.equal(plain, ready)
+    with pytest.raises(ValueError, match="covers 3 timesteps"):
+        ldm.loss_at_timesteps(model, ldm.prepare_batch(model, batch, steps), [100])
+    procs = {k: type(v) for k, v in model.unet.attn_processors.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the vmap path must run, not fall back to the loop
+        fast, _ = per_sample_grad_norms(api, model, items, batch_size=5, timesteps=steps)
+    slow, _ = per_sample_grad_norms(api, model, items, batch_size=5, timesteps=steps, use_vmap=False)
+    torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-7)
+    assert {k: type(v) for k, v in model.unet.attn_processors.items()} == procs  # restored after
+
+
 def test_training_loss_is_random_and_differentiable_in_the_lora():
     model = ldm.add_lora(ldm.random_base(TINY), r=4, alpha=4.0)
     batch = ldm.collate([_item(i) for i in range(4)])

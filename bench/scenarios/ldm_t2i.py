@@ -168,6 +168,7 @@ def _assemble(
             loss_at_timestep=ldm.loss_at_timestep,
             loss_at_timesteps=ldm.loss_at_timesteps,
             denoise_error=ldm.denoise_error,
+            prepare=ldm.prepare_batch,
         ),
         loss=ldm.train_loss,
         per_sample_loss=ldm.per_sample_loss,
