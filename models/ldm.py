@@ -350,8 +350,6 @@ def _device(model: nn.Module) -> torch.device:
 
 def _latents(model: LatentDiffusion, batch: dict[str, Tensor]) -> Tensor:
     dev = _device(model)
-    if "z0" in batch:  # precomputed by :func:`prepare_batch`
-        return batch["z0"].to(dev)
     return model.encode(batch["image"].to(dev), batch["key"].tolist())
 
 
@@ -383,14 +381,12 @@ def loss_at_timesteps(
     model: LatentDiffusion, batch: dict[str, Tensor], timesteps: Sequence[int], *, chunk: int = 256
 ) -> Tensor:
     """[B, len(timesteps)] per-sample mean squared denoising error at each timestep (deterministic noise)."""
-    z0 = _latents(model, batch)
+    if "noise" not in batch:  # a plain batch: its latents and noise as :func:`prepare_batch` computes them
+        batch = prepare_batch(model, batch, timesteps)
+    z0, noise = batch["z0"].to(_device(model)), batch["noise"]  # noise [B, K, ...]
     text = batch["text"].to(z0.device)
     B, K = z0.shape[0], len(timesteps)
-    noise = batch.get("noise")  # [B, K, ...]: precomputed by :func:`prepare_batch` for these timesteps
-    if noise is None:
-        keys = batch["key"].tolist()
-        noise = torch.stack([eval_noise(keys, int(t), z0.shape[1:]) for t in timesteps], dim=1)
-    elif noise.shape[1] != K:
+    if noise.shape[1] != K:
         raise ValueError(f"the batch's precomputed noise covers {noise.shape[1]} timesteps, asked for {K}")
     noise = noise.to(z0.device)
     tt = torch.tensor([int(t) for t in timesteps], device=z0.device).repeat(B)
